@@ -1,0 +1,152 @@
+// The public custom-node API: a user-supplied forward and backward that record as ONE tape node.
+//
+//   struct Saved { Tensor<double> x; };
+//   Var<double> y = custom_op<Saved>(
+//       "cube",
+//       [](Saved& s, const Tensor<double>& x) { s.x = x; return cube(x); },                  // forward
+//       [](const Saved& s, const NeedsGrad&, const Tensor<double>& dy) { return 3 * s.x^2 * dy; },  // backward
+//       x);
+//
+// forward(Saved&, const Tensor<Ts>&... inputs) returns the output tensor, or a std::tuple of them.
+// backward(const Saved&, const NeedsGrad&, const Tensor<Rs>&... dys) returns the gradient of each input (a
+// std::tuple<Tensor<Ts>...>, or one Tensor when there is one input). An input's gradient may be left undefined
+// when NeedsGrad says it is not needed. The gradient of an output that received none arrives as zeros.
+// Saved lives until the node's backward has run without retain_graph (or the tape is cleared).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "autodiff/var.hpp"
+#include "tensor/factories.hpp"
+
+namespace tapegrad {
+
+// Which inputs of a node need a gradient (those that require grad).
+class NeedsGrad {
+ public:
+  explicit NeedsGrad(std::vector<bool> flags) : flags_(std::move(flags)) {}
+  bool operator[](std::size_t input) const { return flags_.at(input); }
+  std::size_t size() const { return flags_.size(); }
+
+ private:
+  std::vector<bool> flags_;
+};
+
+namespace detail {
+
+template <class X> struct is_tuple : std::false_type {};
+template <class... Xs> struct is_tuple<std::tuple<Xs...>> : std::true_type {};
+
+template <class X> auto as_tuple(X&& x) {
+  if constexpr (is_tuple<std::remove_cvref_t<X>>::value) {
+    return std::forward<X>(x);
+  } else {
+    return std::make_tuple(std::forward<X>(x));
+  }
+}
+
+template <class X> struct tensor_element;
+template <class T> struct tensor_element<Tensor<T>> { using type = T; };
+template <class Tuple> struct element_types;
+template <class... Rs> struct element_types<std::tuple<Tensor<Rs>...>> { using type = std::tuple<Rs...>; };
+
+template <class Saved, class Backward, class Outputs, class... Ts> class CustomNode;
+
+template <class Saved, class Backward, class... Rs, class... Ts>
+class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node {
+ public:
+  CustomNode(std::string name, Saved saved, Backward backward, std::array<Shape, sizeof...(Rs)> output_shapes)
+      : Node(std::move(name)),
+        saved_(std::move(saved)),
+        backward_(std::move(backward)),
+        output_shapes_(output_shapes) {}
+
+  void backward() override {
+    std::vector<bool> needs(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i]->requires_grad;
+    auto dys = output_grads(std::index_sequence_for<Rs...>{});
+    auto grads = as_tuple(std::apply(
+        [&](const auto&... dy) { return backward_(*saved_, NeedsGrad(needs), dy...); }, dys));
+    static_assert(std::is_same_v<decltype(grads), std::tuple<Tensor<Ts>...>>,
+                  "custom_op: backward must return one Tensor per input, each of its input's dtype");
+    accumulate(grads, needs, std::index_sequence_for<Ts...>{});
+  }
+  void release_saved() override { saved_.reset(); }
+
+ private:
+  template <std::size_t... K> std::tuple<Tensor<Rs>...> output_grads(std::index_sequence<K...>) const {
+    return {output_grad<Rs>(K)...};
+  }
+  template <class R> Tensor<R> output_grad(std::size_t k) const {
+    if (auto slot = outputs[k].lock(); slot && slot->has_pending()) {
+      return static_cast<const VarImpl<R>&>(*slot).pending;
+    }
+    return zeros<R>(output_shapes_[k]);
+  }
+  template <std::size_t... I>
+  void accumulate(const std::tuple<Tensor<Ts>...>& grads, const std::vector<bool>& needs, std::index_sequence<I...>) {
+    (accumulate_one<Ts>(std::get<I>(grads), I, needs[I]), ...);
+  }
+  template <class T> void accumulate_one(const Tensor<T>& g, std::size_t i, bool needed) {
+    if (!needed || !g.defined()) return;  // an undefined gradient means zero
+    static_cast<VarImpl<T>&>(*inputs[i]).accumulate(g, name() + " (input " + std::to_string(i) + ")");
+  }
+
+  std::optional<Saved> saved_;
+  Backward backward_;
+  std::array<Shape, sizeof...(Rs)> output_shapes_;
+};
+
+template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
+  std::size_t i = 0;
+  auto check_one = [&](const VarSlot& slot) {
+    if (slot.is_stale()) {
+      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() +
+                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
+    }
+    ++i;
+  };
+  (check_one(*inputs.slot()), ...);
+}
+
+}  // namespace detail
+
+template <class Saved, class Forward, class Backward, class... Ts>
+auto custom_op(std::string name, Forward&& forward, Backward&& backward, const Var<Ts>&... inputs) {
+  detail::check_inputs(name, inputs...);
+  Saved saved{};
+  auto outputs = detail::as_tuple(forward(saved, inputs.value()...));
+  using Elements = typename detail::element_types<decltype(outputs)>::type;
+  const bool record = grad_enabled() && (inputs.requires_grad() || ...);
+
+  auto vars = std::apply(
+      [&](auto&... outs) {
+        return std::make_tuple(
+            Var<typename detail::tensor_element<std::remove_cvref_t<decltype(outs)>>::type>(std::move(outs), record)...);
+      },
+      outputs);
+  if (record) {
+    std::array<Shape, std::tuple_size_v<Elements>> shapes;
+    std::apply([&](const auto&... v) {
+      std::size_t k = 0;
+      ((shapes[k++] = v.shape()), ...);
+    }, vars);
+    auto node = std::make_unique<detail::CustomNode<Saved, std::decay_t<Backward>, Elements, Ts...>>(
+        std::move(name), std::move(saved), std::forward<Backward>(backward), shapes);
+    (node->inputs.push_back(inputs.slot()), ...);
+    std::apply([&](const auto&... v) { (node->outputs.push_back(v.slot()), ...); }, vars);
+    Tape::active().record(std::move(node));
+  }
+  if constexpr (std::tuple_size_v<Elements> == 1) {
+    return std::get<0>(std::move(vars));
+  } else {
+    return vars;
+  }
+}
+
+}  // namespace tapegrad

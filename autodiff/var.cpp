@@ -1,0 +1,57 @@
+#include "autodiff/var.hpp"
+
+#include "tensor/eigen.hpp"
+#include "tensor/factories.hpp"
+
+namespace tapegrad {
+
+template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g) {
+  if (!sum.defined()) {
+    sum = g;
+    return;
+  }
+  Tensor<T> total(sum.shape());
+  auto out = flat_view(total);
+  auto a = flat_view(std::as_const(sum));
+  auto b = flat_view(g);
+  run_on_cpu(total.numel(), [&](auto& device) { out.device(device) = a + b; });
+  sum = total;
+}
+
+template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, const std::string& who) {
+  if (!(g.shape() == value.shape())) {
+    throw AutodiffError(who + ": backward returned a gradient of shape " + g.shape().str() + " for a " +
+                        std::string(dtype_name(dtype_v<T>)) + " input of shape " + value.shape().str());
+  }
+  add_into(is_leaf() ? grad : pending, g);
+}
+
+template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardOptions options) {
+  auto& slot = *y.slot();
+  if (!slot.requires_grad) {
+    throw AutodiffError("backward: the output of shape " + y.shape().str() +
+                        " does not require grad (no input that requires grad was used to compute it)");
+  }
+  if (slot.is_stale()) {
+    throw AutodiffError("backward: the output of shape " + y.shape().str() +
+                        " was recorded on a tape that has since been cleared");
+  }
+  slot.accumulate(dy, "backward (seed gradient)");
+  if (!slot.is_leaf()) slot.tape->backward(slot, options.retain_graph);
+}
+
+template <class T> void backward(const Var<T>& y, BackwardOptions options) {
+  if (y.numel() != 1) {
+    throw AutodiffError("backward: output of shape " + y.shape().str() +
+                        " is not a scalar; pass a seed gradient of that shape: backward(y, dy)");
+  }
+  backward(y, ones<T>(y.shape()), options);
+}
+
+#define TAPEGRAD_INSTANTIATE_VAR(T)                                                 \
+  template class VarImpl<T>;                                                        \
+  template void backward<T>(const Var<T>&, BackwardOptions);                        \
+  template void backward<T>(const Var<T>&, const Tensor<T>&, BackwardOptions);
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_VAR)
+
+}  // namespace tapegrad

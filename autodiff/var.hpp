@@ -1,0 +1,97 @@
+// Var<T>: a differentiable value. It holds a tensor, the gradient accumulated into it by backward passes, and the
+// node that created it (none for a leaf). Copies of a Var are handles to the same variable.
+#pragma once
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "autodiff/node.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+template <class T> class VarImpl final : public VarSlot {
+ public:
+  explicit VarImpl(Tensor<T> v) : value(std::move(v)) {}
+
+  Shape shape() const override { return value.shape(); }
+  DType dtype() const override { return dtype_v<T>; }
+  bool has_pending() const override { return pending.defined(); }
+  void drop_pending() override { pending = Tensor<T>(); }
+  void keep_pending() override { add_into(grad, pending); }
+
+  // Adds `g` into the gradient flowing into this variable (the `.grad` of a leaf). `who` names the node that
+  // produced it, for the error when the shape is wrong.
+  void accumulate(const Tensor<T>& g, const std::string& who);
+
+  Tensor<T> value;
+  Tensor<T> grad;     // what the user reads: accumulated over backward passes for leaves and retained variables
+  Tensor<T> pending;  // gradient of the pass in progress, for non-leaves
+
+ private:
+  // Never writes into an existing tensor: gradients may share storage with other gradients or saved tensors.
+  static void add_into(Tensor<T>& sum, const Tensor<T>& g);
+};
+
+template <class T> class Var {
+ public:
+  Var() = default;  // undefined; `defined()` is false
+  explicit Var(Tensor<T> value, bool requires_grad = false) : impl_(std::make_shared<VarImpl<T>>(std::move(value))) {
+    impl_->requires_grad = requires_grad;
+  }
+  // Evaluates (and records) a lazy expression that yields a Var<T>, such as `a * b + exp(c)`.
+  template <class Expr>
+    requires(!std::is_same_v<std::remove_cvref_t<Expr>, Var> &&
+             requires(const Expr& e) { { e.evaluate() } -> std::same_as<Var<T>>; })
+  Var(const Expr& expr) : Var(expr.evaluate()) {}  // NOLINT: implicit by design
+
+  bool defined() const { return impl_ != nullptr; }
+  const Tensor<T>& value() const { return impl().value; }
+  // The accumulated gradient; an undefined tensor if none has arrived (check `grad().defined()`).
+  const Tensor<T>& grad() const { return impl().grad; }
+  const Shape& shape() const { return impl().value.shape(); }
+  std::int64_t numel() const { return impl().value.numel(); }
+  bool requires_grad() const { return impl().requires_grad; }
+  bool is_leaf() const { return impl().is_leaf(); }
+  static constexpr DType dtype() { return dtype_v<T>; }
+
+  // A new leaf with the same value that no gradient flows through.
+  Var detach() const { return Var(impl().value, false); }
+  void zero_grad() { impl().grad = Tensor<T>(); }
+  // Keep this non-leaf variable's gradient after backward (leaves always keep theirs).
+  void retain_grad() { impl().retains_grad = true; }
+
+  const std::shared_ptr<VarImpl<T>>& slot() const { return impl_; }
+  static Var from_slot(std::shared_ptr<VarImpl<T>> slot) {
+    Var v;
+    v.impl_ = std::move(slot);
+    return v;
+  }
+
+ private:
+  VarImpl<T>& impl() const {
+    if (!impl_) throw Error("Var: use of an undefined variable");
+    return *impl_;
+  }
+  std::shared_ptr<VarImpl<T>> impl_;
+};
+
+// A leaf that gradients flow into: a parameter or an input to differentiate with respect to.
+template <class T> Var<T> param(Tensor<T> value) { return Var<T>(std::move(value), true); }
+// A leaf that no gradient flows into.
+template <class T> Var<T> constant(Tensor<T> value) { return Var<T>(std::move(value), false); }
+
+struct BackwardOptions {
+  bool retain_graph = false;  // keep saved tensors so that backward can run through the graph again
+};
+
+// Backward from a scalar (one-element) output, seeded with 1.
+template <class T> void backward(const Var<T>& y, BackwardOptions options = {});
+// Backward from any output, seeded with `dy` of y's shape.
+template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardOptions options = {});
+
+// Clears the gradient of each variable.
+template <class... Vars> void zero_grad(Vars&... vars) { (vars.zero_grad(), ...); }
+
+}  // namespace tapegrad

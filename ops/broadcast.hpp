@@ -1,0 +1,35 @@
+// Broadcasting plans for elementwise expressions, and the two tensor-level helpers a broadcast needs: expanding a
+// tensor to a larger shape and summing a gradient back down to an operand's shape.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "tensor/tensor.hpp"
+
+namespace tapegrad {
+
+// How an elementwise expression over several operands is evaluated.
+//   flat:      every operand has the output's shape: one rank-1 loop.
+//   broadcast: after merging adjacent axes that broadcast alike, rank <= 4: Eigen broadcasts at rank 4.
+//   expand:    more complex patterns: the broadcast operands are expanded to the output shape first.
+struct BroadcastPlan {
+  static constexpr int rank = 4;
+  enum class Kind { flat, broadcast, expand } kind = Kind::flat;
+  Shape output;
+  std::array<Eigen::Index, rank> out_dims{};                     // broadcast: the merged output dims
+  std::vector<std::array<Eigen::Index, rank>> operand_dims;      // broadcast: each operand's merged dims
+  std::vector<std::array<Eigen::Index, rank>> operand_factors;   // broadcast: out_dims / operand_dims
+  std::vector<bool> operand_is_full;                             // the operand already has the output's shape
+};
+
+// Plans the broadcast of `operands` (throws naming `op` and the shapes when they do not broadcast).
+BroadcastPlan plan_broadcast(const std::vector<Shape>& operands, const char* op);
+
+// `t` broadcast (NumPy rules) to `shape`, materialized.
+template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape);
+// Sums `g` (of a broadcast result's shape) over the broadcast axes, down to `shape`; the inverse of expand_to for
+// gradients. Accumulates in compute_t<T>.
+template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape);
+
+}  // namespace tapegrad

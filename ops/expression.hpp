@@ -1,0 +1,317 @@
+// Elementwise expression templates.
+//
+// `a * b + exp(c)` on Vars builds a tree of small value types (Leaf, Unary, Binary) and computes nothing. Turning
+// it into a Var (assignment, `Var<T> y = ...`, or `.eval()`) records ONE tape node:
+//   forward:  one Eigen expression over views of the leaves' tensors, evaluated in one fused loop (on the thread
+//             pool when large), in compute_t<T> (f32 for bf16/f16) and rounded once at the end;
+//   backward: each leaf's gradient is one Eigen expression built by walking the tree top-down (the chain rule at
+//             compile time), evaluated straight into that leaf's gradient; no intermediate tensor is stored.
+// Broadcasting follows NumPy: shapes are merged to rank <= 4 and broadcast inside the Eigen expression; a
+// broadcast leaf's gradient is reduced to its own shape in the same expression.
+//
+// Expressions hold their leaves by value (Var handles share ownership), so keeping one (`auto e = a * b;`) is
+// safe: each evaluation records a fresh node with the right inputs. Mixing dtypes in one expression does not
+// compile: cast first.
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "autodiff/var.hpp"
+#include "ops/broadcast.hpp"
+#include "tensor/eigen.hpp"
+
+namespace tapegrad {
+
+namespace expr {
+
+struct ExpressionTag {};
+template <class X> concept Expression = std::derived_from<std::remove_cvref_t<X>, ExpressionTag>;
+
+// Views of the leaves for one evaluation: rank 1 (every leaf has the output's shape) or rank 4 (broadcast).
+template <class T, int R> struct Context {
+  std::vector<const T*> data;
+  std::array<Eigen::Index, R> out_dims{};
+  const std::vector<std::array<Eigen::Index, R>>* dims = nullptr;     // rank 4 only
+  const std::vector<std::array<Eigen::Index, R>>* factors = nullptr;  // rank 4 only
+  const std::vector<bool>* full = nullptr;                            // rank 4 only
+};
+
+template <class To, class X> auto cast_to(const X& x) {
+  using From = typename Eigen::internal::traits<X>::Scalar;
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else {
+    return x.template cast<To>();
+  }
+}
+
+// The scalar `v` in the element type of the Eigen expression `x`.
+template <class X> auto scalar_of(const X&, double v) { return typename Eigen::internal::traits<X>::Scalar(v); }
+
+// Evaluates `assign(device)` on the pool when `n` elements are worth it.
+template <class Assign> void run(std::int64_t n, Assign&& assign) { run_on_cpu(n * 8, assign); }
+
+template <class T> class Leaf : public ExpressionTag {
+ public:
+  using element_type = T;
+  static constexpr int leaves = 1;
+  explicit Leaf(Var<T> v) : var_(std::move(v)) {}
+
+  template <int Offset, int R> auto eigen(const Context<T, R>& ctx) const {
+    using C = compute_t<T>;
+    if constexpr (R == 1) {
+      return cast_to<C>(ConstTensorView<T, 1>(ctx.data[Offset], ctx.out_dims));
+    } else {
+      return cast_to<C>(ConstTensorView<T, R>(ctx.data[Offset], (*ctx.dims)[Offset]).broadcast((*ctx.factors)[Offset]));
+    }
+  }
+
+  // Evaluates the gradient expression `g` (in compute_t<T>, of the output's shape) into this leaf's gradient.
+  template <int Offset, int R, class G>
+  void backprop(const Context<T, R>& ctx, const G& g, std::vector<Tensor<T>>& grads) const {
+    Tensor<T> out(var_.shape());
+    if constexpr (R == 1) {
+      auto o = view_as<1>(out, ctx.out_dims);
+      run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
+    } else if ((*ctx.full)[Offset]) {
+      auto o = view_as<R>(out, ctx.out_dims);
+      run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
+    } else {
+      // Split each output axis into (own, broadcast) and sum the broadcast halves away.
+      const auto& own = (*ctx.dims)[Offset];
+      const auto& factor = (*ctx.factors)[Offset];
+      std::array<Eigen::Index, 2 * R> split;
+      std::array<Eigen::Index, R> broadcast_axes;
+      for (int i = 0; i < R; ++i) {
+        split[2 * i] = own[i];
+        split[2 * i + 1] = factor[i];
+        broadcast_axes[i] = 2 * i + 1;
+      }
+      auto o = view_as<R>(out, own);
+      const std::int64_t work = Eigen::internal::array_prod(ctx.out_dims);
+      run(work, [&](auto& d) { o.device(d) = cast_to<T>(g.reshape(split).sum(broadcast_axes)); });
+    }
+    grads[Offset] = out;
+  }
+
+  bool requires_grad() const { return var_.requires_grad(); }
+  void collect(std::vector<std::shared_ptr<VarImpl<T>>>& out) const { out.push_back(var_.slot()); }
+  void describe(std::string& s, int& next) const { s += "x" + std::to_string(next++); }
+
+ private:
+  Var<T> var_;
+};
+
+template <class Op, class A> class Unary : public ExpressionTag {
+ public:
+  using element_type = typename A::element_type;
+  static constexpr int leaves = A::leaves;
+  Unary(Op op, A a) : op_(std::move(op)), a_(std::move(a)) {}
+
+  template <int Offset, class Ctx> auto eigen(const Ctx& ctx) const {
+    return op_.forward(a_.template eigen<Offset>(ctx));
+  }
+  template <int Offset, class Ctx, class G>
+  void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
+    if (!a_.requires_grad()) return;
+    a_.template backprop<Offset>(ctx, op_.backward(a_.template eigen<Offset>(ctx), g), grads);
+  }
+  bool requires_grad() const { return a_.requires_grad(); }
+  void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const { a_.collect(out); }
+  void describe(std::string& s, int& next) const {
+    s += op_.name();
+    s += "(";
+    a_.describe(s, next);
+    s += ")";
+  }
+
+ private:
+  Op op_;
+  A a_;
+};
+
+template <class Op, class A, class B> class Binary : public ExpressionTag {
+  static_assert(std::is_same_v<typename A::element_type, typename B::element_type>,
+                "tapegrad: cannot mix dtypes in one expression; cast one operand first");
+
+ public:
+  using element_type = typename A::element_type;
+  static constexpr int leaves = A::leaves + B::leaves;
+  Binary(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+
+  template <int Offset, class Ctx> auto eigen(const Ctx& ctx) const {
+    return Op::forward(a_.template eigen<Offset>(ctx), b_.template eigen<Offset + A::leaves>(ctx));
+  }
+  template <int Offset, class Ctx, class G>
+  void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
+    const auto x = a_.template eigen<Offset>(ctx);
+    const auto y = b_.template eigen<Offset + A::leaves>(ctx);
+    if (a_.requires_grad()) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
+    if (b_.requires_grad()) b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+  }
+  bool requires_grad() const { return a_.requires_grad() || b_.requires_grad(); }
+  void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const {
+    a_.collect(out);
+    b_.collect(out);
+  }
+  void describe(std::string& s, int& next) const {
+    s += Op::name();
+    s += "(";
+    a_.describe(s, next);
+    s += ", ";
+    b_.describe(s, next);
+    s += ")";
+  }
+
+ private:
+  A a_;
+  B b_;
+};
+
+// ---- evaluation ----------------------------------------------------------------------------------------------
+
+template <class E> std::string describe(const E& e) {
+  std::string s;
+  int next = 0;
+  e.describe(s, next);
+  return s;
+}
+
+// Runs `body(ctx)` with the leaves laid out as `plan` says; in expand mode, broadcast leaves are first expanded.
+template <class T, class Body>
+void with_context(const BroadcastPlan& plan, const std::vector<const Tensor<T>*>& leaves, Body&& body) {
+  std::vector<const T*> data;
+  std::vector<Tensor<T>> expanded;  // keeps expanded copies alive during the call
+  expanded.reserve(leaves.size());
+  for (std::size_t k = 0; k < leaves.size(); ++k) {
+    if (plan.kind == BroadcastPlan::Kind::expand && !plan.operand_is_full[k]) {
+      expanded.push_back(expand_to(*leaves[k], plan.output));
+      data.push_back(expanded.back().data());
+    } else {
+      data.push_back(leaves[k]->data());
+    }
+  }
+  if (plan.kind == BroadcastPlan::Kind::broadcast) {
+    Context<T, BroadcastPlan::rank> ctx{data, plan.out_dims, &plan.operand_dims, &plan.operand_factors,
+                                        &plan.operand_is_full};
+    body(ctx);
+  } else {
+    Context<T, 1> ctx{data, {plan.output.numel()}};
+    body(ctx);
+  }
+}
+
+template <class E> class ExpressionNode final : public Node {
+  using T = typename E::element_type;
+  using C = compute_t<T>;
+
+ public:
+  ExpressionNode(std::string name, E e, BroadcastPlan plan)
+      : Node(std::move(name)), expr_(std::move(e)), plan_(std::move(plan)) {}
+
+  void backward() override {
+    const Tensor<T>& dy = static_cast<VarImpl<T>&>(*outputs[0].lock()).pending;
+    std::vector<const Tensor<T>*> leaves;
+    for (auto& in : inputs) leaves.push_back(&static_cast<VarImpl<T>&>(*in).value);
+    std::vector<Tensor<T>> grads(E::leaves);
+    with_context<T>(plan_, leaves, [&](const auto& ctx) {
+      constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
+      const auto g = cast_to<C>(ConstTensorView<T, R>(dy.data(), ctx.out_dims));
+      expr_->template backprop<0>(ctx, g, grads);
+    });
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      if (plan_.kind == BroadcastPlan::Kind::expand) grads[k] = sum_to(grads[k], inputs[k]->shape());
+      static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
+    }
+  }
+  void release_saved() override { expr_.reset(); }
+
+ private:
+  std::optional<E> expr_;
+  BroadcastPlan plan_;
+};
+
+template <class E> Var<typename E::element_type> evaluate(const E& e) {
+  using T = typename E::element_type;
+  std::vector<std::shared_ptr<VarImpl<T>>> slots;
+  slots.reserve(E::leaves);
+  e.collect(slots);
+  std::vector<Shape> shapes;
+  std::vector<const Tensor<T>*> leaves;
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    if (slots[k]->is_stale()) {
+      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " +
+                          slots[k]->shape().str() +
+                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
+    }
+    shapes.push_back(slots[k]->value.shape());
+    leaves.push_back(&slots[k]->value);
+  }
+  const BroadcastPlan plan = [&] {
+    try {
+      return plan_broadcast(shapes, "elementwise");
+    } catch (const Error& err) {
+      std::string msg = describe(e) + ": operand shapes";
+      for (const Shape& s : shapes) msg += " " + s.str();
+      throw Error(msg + " cannot be broadcast together");
+    }
+  }();
+  Tensor<T> out(plan.output);
+  with_context<T>(plan, leaves, [&](const auto& ctx) {
+    constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
+    auto o = view_as<R>(out, ctx.out_dims);
+    run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(e.template eigen<0>(ctx)); });
+  });
+  const bool record = grad_enabled() && e.requires_grad();
+  Var<T> y(std::move(out), record);
+  if (record) {
+    auto node = std::make_unique<ExpressionNode<E>>(describe(e), e, plan);
+    node->inputs.assign(slots.begin(), slots.end());
+    node->outputs.push_back(y.slot());
+    Tape::active().record(std::move(node));
+  }
+  return y;
+}
+
+// The public face of every expression: evaluation into a Var.
+template <class Inner> class Expr : public Inner {
+ public:
+  using Inner::Inner;
+  explicit Expr(Inner inner) : Inner(std::move(inner)) {}
+  Var<typename Inner::element_type> evaluate() const { return expr::evaluate(static_cast<const Inner&>(*this)); }
+  Var<typename Inner::element_type> eval() const { return evaluate(); }
+};
+
+// ---- operands ------------------------------------------------------------------------------------------------
+
+template <class X> struct is_var : std::false_type {};
+template <class T> struct is_var<Var<T>> : std::true_type {};
+
+// A Var or an expression: what elementwise functions accept.
+template <class X> concept Operand = is_var<std::remove_cvref_t<X>>::value || Expression<X>;
+
+template <class T> Leaf<T> as_node(const Var<T>& v) { return Leaf<T>(v); }
+template <Expression E> const E& as_node(const E& e) { return e; }
+template <class X> using node_t = std::remove_cvref_t<decltype(as_node(std::declval<const X&>()))>;
+template <class X> using element_t = typename node_t<X>::element_type;
+
+template <class Op, Operand X> auto make_unary(Op op, const X& x) {
+  return Expr<Unary<Op, node_t<X>>>(Unary<Op, node_t<X>>(std::move(op), as_node(x)));
+}
+template <class Op, Operand X, Operand Y> auto make_binary(const X& x, const Y& y) {
+  return Expr<Binary<Op, node_t<X>, node_t<Y>>>(Binary<Op, node_t<X>, node_t<Y>>(as_node(x), as_node(y)));
+}
+
+}  // namespace expr
+
+// Evaluates a Var or an expression into a Var.
+template <class T> const Var<T>& eval(const Var<T>& v) { return v; }
+template <expr::Expression E> auto eval(const E& e) { return e.evaluate(); }
+
+}  // namespace tapegrad

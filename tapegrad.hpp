@@ -1,0 +1,11 @@
+// The whole public API of tapegrad in one include.
+#pragma once
+
+#include "autodiff/custom_op.hpp"
+#include "autodiff/gradcheck.hpp"
+#include "autodiff/tape.hpp"
+#include "autodiff/var.hpp"
+#include "ops/activation.hpp"
+#include "ops/elementwise.hpp"
+#include "tensor/factories.hpp"
+#include "tensor/tensor.hpp"

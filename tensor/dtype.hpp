@@ -1,0 +1,82 @@
+// Element types tapegrad tensors can hold, with a runtime tag for each.
+//
+// bf16 and f16 are Eigen's host types: their conversions from float round to nearest even. Arithmetic on them
+// goes through `compute_t`, which is float for the 16-bit types (the ops compute in f32 and round once).
+#pragma once
+
+#include <Eigen/Core>
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace tapegrad {
+
+using bf16 = Eigen::bfloat16;
+using f16 = Eigen::half;
+
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
+
+constexpr std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+constexpr std::size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::bf16:
+    case DType::f16: return 2;
+  }
+  return 0;
+}
+
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
+template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
+template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::i32; };
+template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
+template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
+
+// The floating types that ops and the tape are instantiated for.
+template <class T>
+inline constexpr bool is_float_dtype_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+template <class T>
+inline constexpr bool is_half_precision_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+// The type arithmetic on T is carried out in: f32 for the 16-bit floats, T itself otherwise.
+template <class T> using compute_t = std::conditional_t<is_half_precision_v<T>, float, T>;
+
+// Round-to-nearest-even conversion between any two element types.
+template <class To, class From> inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (is_half_precision_v<From>) {
+    return static_cast<To>(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Instantiates MACRO(T) for each floating dtype; keeps explicit instantiation lists in one place.
+#define TAPEGRAD_FOR_EACH_FLOAT(MACRO) \
+  MACRO(float)                         \
+  MACRO(double)                        \
+  MACRO(::tapegrad::bf16)              \
+  MACRO(::tapegrad::f16)
+
+}  // namespace tapegrad

@@ -1,0 +1,79 @@
+#include "tensor/factories.hpp"
+
+#include <algorithm>
+
+#include "tensor/eigen.hpp"
+#include "tensor/philox.hpp"
+
+namespace tapegrad {
+
+template <class T> Tensor<T> full(const Shape& shape, double value) {
+  Tensor<T> t(shape);
+  std::fill(t.span().begin(), t.span().end(), convert<T>(value));
+  return t;
+}
+template <class T> Tensor<T> zeros(const Shape& shape) { return full<T>(shape, 0.0); }
+template <class T> Tensor<T> ones(const Shape& shape) { return full<T>(shape, 1.0); }
+
+template <class T> Tensor<T> arange(std::int64_t n) {
+  check(n >= 0, "arange", "length must be non-negative, got ", n);
+  Tensor<T> t(Shape{n});
+  for (std::int64_t i = 0; i < n; ++i) t.flat(i) = convert<T>(static_cast<double>(i));
+  return t;
+}
+
+template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape) {
+  check(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector", "got ", values.size(),
+        " values for shape ", shape.str(), " which holds ", shape.numel());
+  Tensor<T> t(shape);
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+
+namespace {
+// Fills t[i] = draw(i) in parallel; `draw` depends on i alone, so the result does not depend on the chunking.
+template <class T, class Draw> Tensor<T> generate(const Shape& shape, Draw draw) {
+  Tensor<T> t(shape);
+  T* out = t.data();
+  parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = draw(static_cast<std::uint64_t>(i));
+  });
+  return t;
+}
+}  // namespace
+
+template <class T> Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean, double stddev) {
+  const float m = static_cast<float>(mean), s = static_cast<float>(stddev);
+  return generate<T>(shape, [=](std::uint64_t i) { return convert<T>(m + s * philox::normal(seed, i)); });
+}
+
+template <class T> Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low, double high) {
+  check(low <= high, "rand_uniform", "low ", low, " is greater than high ", high);
+  const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
+  return generate<T>(shape, [=](std::uint64_t i) { return convert<T>(lo + width * philox::uniform(seed, i)); });
+}
+
+template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high) {
+  check(low < high, "rand_int", "empty range [", low, ", ", high, ")");
+  check(high - low <= (std::int64_t{1} << 32), "rand_int", "range [", low, ", ", high, ") is wider than 2^32");
+  return generate<T>(shape, [=](std::uint64_t i) { return static_cast<T>(philox::integer(seed, i, low, high)); });
+}
+
+#define TAPEGRAD_INSTANTIATE_FACTORIES(T)                                                \
+  template Tensor<T> zeros<T>(const Shape&);                                             \
+  template Tensor<T> ones<T>(const Shape&);                                              \
+  template Tensor<T> full<T>(const Shape&, double);                                      \
+  template Tensor<T> arange<T>(std::int64_t);                                            \
+  template Tensor<T> from_vector<T>(const std::vector<T>&, const Shape&);
+#define TAPEGRAD_INSTANTIATE_RANDOM(T)                                                   \
+  template Tensor<T> randn<T>(const Shape&, std::uint64_t, double, double);              \
+  template Tensor<T> rand_uniform<T>(const Shape&, std::uint64_t, double, double);
+
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_FACTORIES)
+TAPEGRAD_INSTANTIATE_FACTORIES(std::int32_t)
+TAPEGRAD_INSTANTIATE_FACTORIES(std::int64_t)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_RANDOM)
+template Tensor<std::int32_t> rand_int<std::int32_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t);
+template Tensor<std::int64_t> rand_int<std::int64_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t);
+
+}  // namespace tapegrad

@@ -1,0 +1,105 @@
+// Tensor<T>: an owning, reference-counted, row-major contiguous array of rank 0..8.
+//
+// Copies share storage (like a shared_ptr); `clone()` copies the data. `reshape` returns a view on the same
+// storage. Tensors know nothing of the tape.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tensor/device.hpp"
+#include "tensor/dtype.hpp"
+#include "tensor/error.hpp"
+#include "tensor/shape.hpp"
+#include "tensor/storage.hpp"
+
+namespace tapegrad {
+
+template <class T> class Tensor {
+ public:
+  using value_type = T;
+
+  Tensor() = default;  // undefined: no storage; `defined()` is false
+  explicit Tensor(Shape shape, Device device = Device::cpu())
+      : storage_(Storage::allocate(static_cast<std::size_t>(shape.numel()) * sizeof(T), device)),
+        shape_(shape) {}
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  std::int64_t numel() const { return shape_.numel(); }
+  std::int64_t dim(int axis) const { return shape_.dim(axis); }
+  static constexpr DType dtype() { return dtype_v<T>; }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+
+  T* data() { return static_cast<T*>(storage_ ? storage_->data() : nullptr) + offset_; }
+  const T* data() const { return static_cast<const T*>(storage_ ? storage_->data() : nullptr) + offset_; }
+  std::span<T> span() { return {data(), static_cast<std::size_t>(numel())}; }
+  std::span<const T> span() const { return {data(), static_cast<std::size_t>(numel())}; }
+
+  // Element access by flat (row-major) index, and by multi-index.
+  T& flat(std::int64_t i) { return data()[i]; }
+  const T& flat(std::int64_t i) const { return data()[i]; }
+  template <class... I> T& operator()(I... idx) { return data()[offset_of({static_cast<std::int64_t>(idx)...})]; }
+  template <class... I> const T& operator()(I... idx) const {
+    return data()[offset_of({static_cast<std::int64_t>(idx)...})];
+  }
+  T item() const {
+    check(numel() == 1, "item", "tensor of shape ", shape_.str(), " has ", numel(), " elements, not 1");
+    return data()[0];
+  }
+
+  // A view with a new shape of the same element count, sharing storage.
+  Tensor reshape(const Shape& shape) const {
+    check(shape.numel() == numel(), "reshape", "cannot view shape ", shape_.str(), " (", numel(),
+          " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+    Tensor view = *this;
+    view.shape_ = shape;
+    return view;
+  }
+  Tensor clone() const {
+    Tensor copy(shape_, device());
+    std::copy(span().begin(), span().end(), copy.span().begin());
+    return copy;
+  }
+  std::vector<T> to_vector() const { return {span().begin(), span().end()}; }
+  // Whether both tensors use the same memory (views of one another).
+  bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+
+ private:
+  std::int64_t offset_of(std::initializer_list<std::int64_t> idx) const {
+    check(static_cast<int>(idx.size()) == rank(), "index", "got ", idx.size(), " indices for a tensor of shape ",
+          shape_.str());
+    const auto strides = shape_.strides();
+    std::int64_t off = 0;
+    int axis = 0;
+    for (std::int64_t i : idx) {
+      check(i >= 0 && i < shape_[axis], "index", "index ", i, " is out of range for axis ", axis, " of shape ",
+            shape_.str());
+      off += i * strides[static_cast<std::size_t>(axis++)];
+    }
+    return off;
+  }
+
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_ = 0;
+  Shape shape_;
+};
+
+// Element-type conversion with round-to-nearest-even.
+template <class To, class From> Tensor<To> cast(const Tensor<From>& t) {
+  if constexpr (std::is_same_v<To, From>) {
+    return t;
+  } else {
+    Tensor<To> out(t.shape(), t.device());
+    const From* src = t.data();
+    To* dst = out.data();
+    for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = convert<To>(src[i]);
+    return out;
+  }
+}
+
+}  // namespace tapegrad
