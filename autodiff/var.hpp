@@ -77,6 +77,17 @@ template <class T> class Var {
   std::shared_ptr<VarImpl<T>> impl_;
 };
 
+template <class X> struct is_var : std::false_type {};
+template <class T> struct is_var<Var<T>> : std::true_type {};
+
+// Something that is not a Var but evaluates into one, such as a lazy elementwise expression. Ops that are not
+// elementwise take Vars; each also accepts a VarExpression by evaluating it first.
+template <class E>
+concept VarExpression = !is_var<std::remove_cvref_t<E>>::value && requires(const E& e) {
+  { e.evaluate() };
+  requires is_var<decltype(e.evaluate())>::value;
+};
+
 // A leaf that gradients flow into: a parameter or an input to differentiate with respect to.
 template <class T> Var<T> param(Tensor<T> value) { return Var<T>(std::move(value), true); }
 // A leaf that no gradient flows into.

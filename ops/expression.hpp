@@ -290,9 +290,6 @@ template <class Inner> class Expr : public Inner {
 
 // ---- operands ------------------------------------------------------------------------------------------------
 
-template <class X> struct is_var : std::false_type {};
-template <class T> struct is_var<Var<T>> : std::true_type {};
-
 // A Var or an expression: what elementwise functions accept.
 template <class X> concept Operand = is_var<std::remove_cvref_t<X>>::value || Expression<X>;
 
