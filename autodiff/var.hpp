@@ -88,6 +88,13 @@ concept VarExpression = !is_var<std::remove_cvref_t<E>>::value && requires(const
   requires is_var<decltype(e.evaluate())>::value;
 };
 
+// A Var or something that evaluates into one.
+template <class X> concept VarLike = is_var<std::remove_cvref_t<X>>::value || VarExpression<X>;
+
+// A Var as is; an expression evaluated (and recorded) into a Var.
+template <class T> const Var<T>& eval(const Var<T>& v) { return v; }
+template <VarExpression E> auto eval(const E& e) { return e.evaluate(); }
+
 // A leaf that gradients flow into: a parameter or an input to differentiate with respect to.
 template <class T> Var<T> param(Tensor<T> value) { return Var<T>(std::move(value), true); }
 // A leaf that no gradient flows into.

@@ -307,8 +307,4 @@ template <class Op, Operand X, Operand Y> auto make_binary(const X& x, const Y& 
 
 }  // namespace expr
 
-// Evaluates a Var or an expression into a Var.
-template <class T> const Var<T>& eval(const Var<T>& v) { return v; }
-template <expr::Expression E> auto eval(const E& e) { return e.evaluate(); }
-
 }  // namespace tapegrad
