@@ -7,5 +7,8 @@
 #include "autodiff/var.hpp"
 #include "ops/activation.hpp"
 #include "ops/elementwise.hpp"
+#include "ops/loss.hpp"
+#include "ops/norm.hpp"
+#include "ops/softmax.hpp"
 #include "tensor/factories.hpp"
 #include "tensor/tensor.hpp"

@@ -1,0 +1,59 @@
+// Helpers for the op tests: comparing a result with a double reference under a tolerance, bitwise comparison, and
+// running a block with a given thread count.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "tensor/eigen.hpp"
+#include "tensor/tensor.hpp"
+
+TYPE_TO_STRING(tapegrad::bf16);
+TYPE_TO_STRING(tapegrad::f16);
+
+namespace tapegrad::test {
+
+struct Tolerance {
+  double rtol, atol;
+};
+
+// Checks |got - want| <= atol + rtol·|want| for every element; a failure names the worst element.
+template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
+  REQUIRE(got.shape() == want.shape());
+  double worst = 0.0;
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double diff = std::abs(convert<double>(got.flat(i)) - want.flat(i));
+    double ratio = diff == 0.0 ? 0.0 : diff / (tol.atol + tol.rtol * std::abs(want.flat(i)));
+    if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
+    if (ratio > worst) {
+      worst = ratio;
+      at = i;
+    }
+  }
+  INFO("worst element ", at, " of shape ", got.shape(), ": got ", convert<double>(got.flat(at)), ", want ",
+       want.flat(at), " (rtol ", tol.rtol, ", atol ", tol.atol, ")");
+  CHECK(worst <= 1.0);
+}
+
+template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
+}
+
+// Sets the pool's thread count for the scope's lifetime.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : previous_(num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(previous_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace tapegrad::test
