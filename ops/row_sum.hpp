@@ -16,9 +16,11 @@ namespace tapegrad::detail {
 // starts at zero. Returns the totals over all rows.
 template <class C, class Body>
 std::vector<C> blocked_row_sum(std::int64_t rows, std::int64_t width, std::int64_t cost_per_row, Body&& body) {
-  constexpr std::int64_t block_cost = 1 << 14;
+  // Blocks of at least block_cost work, and at most max_blocks of them (which bounds the partials' memory).
+  constexpr std::int64_t block_cost = 1 << 14, max_blocks = 128;
   const std::int64_t cost = std::max<std::int64_t>(cost_per_row, 1);
-  const std::int64_t rows_per_block = std::max<std::int64_t>(1, block_cost / cost);
+  const std::int64_t rows_per_block =
+      std::max({std::int64_t{1}, block_cost / cost, (rows + max_blocks - 1) / max_blocks});
   const std::int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   std::vector<C> partials(static_cast<std::size_t>(blocks * width), C(0));
   parallel_for(blocks, rows_per_block * cost, [&](std::int64_t first, std::int64_t last) {

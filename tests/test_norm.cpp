@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <span>
+#include <string>
 
 #include "support.hpp"
 #include "tapegrad.hpp"
@@ -62,6 +64,21 @@ template <class T> Inputs<double> to_double(const Inputs<T>& in) {
 const Shape shapes[] = {{5}, {3, 7}, {2, 3, 11}};
 const Shape low_precision_shapes[] = {{5}, {3, 7}, {2, 3, 11}, {64, 257}};
 
+// Calls body(kind, options, shape) for every op, zero_centered_gamma setting and shape, captured for reports.
+template <class Body> void for_each_case(std::span<const Shape> shapes, Body body) {
+  for (Kind kind : all_kinds) {
+    for (bool zero_centered : {false, true}) {
+      for (const Shape& shape : shapes) {
+        const std::string op = name(kind);
+        CAPTURE(op);
+        CAPTURE(zero_centered);
+        CAPTURE(shape);
+        body(kind, NormOptions{.epsilon = 1e-5, .zero_centered_gamma = zero_centered}, shape);
+      }
+    }
+  }
+}
+
 // Forward against the double reference on the same rounded inputs: the output's own rounding (half an ulp: 2⁻²⁴,
 // 2⁻⁹, 2⁻¹² relative) plus the f32 arithmetic of the statistics.
 template <class T> constexpr Tolerance forward_tolerance{};
@@ -89,48 +106,30 @@ Grads<T> gradients(Kind kind, const Inputs<T>& in, const Tensor<T>& dy, const No
 }  // namespace
 
 TEST_CASE("layernorm and rmsnorm match the textbook formulas in double") {
-  for (Kind kind : all_kinds) {
-    for (bool zero_centered : {false, true}) {
-      for (const Shape& shape : shapes) {
-        const std::string op = name(kind);
-        CAPTURE(op);
-        CAPTURE(zero_centered);
-        CAPTURE(shape);
-        const NormOptions options{.epsilon = 1e-5, .zero_centered_gamma = zero_centered};
-        const auto in = make_inputs<double>(shape, 10);
-        const Var<double> y = apply(kind, constant(in.x), constant(in.gamma), constant(in.beta), options);
-        test::check_close(y.value(), reference(kind, in, options), {1e-12, 1e-12});
-      }
-    }
-  }
+  for_each_case(shapes, [](Kind kind, const NormOptions& options, const Shape& shape) {
+    const auto in = make_inputs<double>(shape, 10);
+    const Var<double> y = apply(kind, constant(in.x), constant(in.gamma), constant(in.beta), options);
+    test::check_close(y.value(), reference(kind, in, options), {1e-12, 1e-12});
+  });
 }
 
 TEST_CASE("layernorm and rmsnorm record one node and pass gradcheck for every option") {
-  for (Kind kind : all_kinds) {
-    for (bool zero_centered : {false, true}) {
-      for (const Shape& shape : shapes) {
-        const std::string op = name(kind);
-        CAPTURE(op);
-        CAPTURE(zero_centered);
-        CAPTURE(shape);
-        const NormOptions options{.zero_centered_gamma = zero_centered};
-        const auto in = make_inputs<double>(shape, 20);
-        {
-          Tape tape;
-          TapeScope scope(tape);
-          apply(kind, param(in.x), param(in.gamma), param(in.beta), options);
-          CHECK(tape.size() == 1);
-        }
-        std::vector<Tensor<double>> inputs{in.x, in.gamma};
-        if (kind == Kind::layernorm) inputs.push_back(in.beta);
-        CHECK(gradcheck(
-            [&](const std::vector<Var<double>>& v) {
-              return apply(kind, v[0], v[1], v.size() > 2 ? v[2] : Var<double>(), options);
-            },
-            inputs));
-      }
+  for_each_case(shapes, [](Kind kind, const NormOptions& options, const Shape& shape) {
+    const auto in = make_inputs<double>(shape, 20);
+    {
+      Tape tape;
+      TapeScope scope(tape);
+      apply(kind, param(in.x), param(in.gamma), param(in.beta), options);
+      CHECK(tape.size() == 1);
     }
-  }
+    std::vector<Tensor<double>> inputs{in.x, in.gamma};
+    if (kind == Kind::layernorm) inputs.push_back(in.beta);
+    CHECK(gradcheck(
+        [&](const std::vector<Var<double>>& v) {
+          return apply(kind, v[0], v[1], v.size() > 2 ? v[2] : Var<double>(), options);
+        },
+        inputs));
+  });
 }
 
 TEST_CASE("layernorm without beta is layernorm with zero beta, and zero-centered gamma scales by 1 + gamma") {
@@ -158,27 +157,18 @@ TEST_CASE("layernorm takes an expression for x and computes only the gradients a
 
 TEST_CASE_TEMPLATE("low-precision layernorm and rmsnorm match the double reference, forward and backward", T, float,
                    bf16, f16) {
-  for (Kind kind : all_kinds) {
-    for (bool zero_centered : {false, true}) {
-      for (const Shape& shape : low_precision_shapes) {
-        const std::string op = name(kind);
-        CAPTURE(op);
-        CAPTURE(zero_centered);
-        CAPTURE(shape);
-        const NormOptions options{.zero_centered_gamma = zero_centered};
-        const auto in = make_inputs<T>(shape, 50);
-        const Var<T> y = apply(kind, constant(in.x), constant(in.gamma), constant(in.beta), options);
-        test::check_close(y.value(), reference(kind, to_double(in), options), forward_tolerance<T>);
+  for_each_case(low_precision_shapes, [](Kind kind, const NormOptions& options, const Shape& shape) {
+    const auto in = make_inputs<T>(shape, 50);
+    const Var<T> y = apply(kind, constant(in.x), constant(in.gamma), constant(in.beta), options);
+    test::check_close(y.value(), reference(kind, to_double(in), options), forward_tolerance<T>);
 
-        const Tensor<T> dy = randn<T>(shape, 51);
-        const auto got = gradients(kind, in, dy, options);
-        const auto want = gradients(kind, to_double(in), cast<double>(dy), options);
-        test::check_close(got.dx, want.dx, backward_tolerance<T>);
-        test::check_close(got.dgamma, want.dgamma, backward_tolerance<T>);
-        if (kind == Kind::layernorm) test::check_close(got.dbeta, want.dbeta, backward_tolerance<T>);
-      }
-    }
-  }
+    const Tensor<T> dy = randn<T>(shape, 51);
+    const auto got = gradients(kind, in, dy, options);
+    const auto want = gradients(kind, to_double(in), cast<double>(dy), options);
+    test::check_close(got.dx, want.dx, backward_tolerance<T>);
+    test::check_close(got.dgamma, want.dgamma, backward_tolerance<T>);
+    if (kind == Kind::layernorm) test::check_close(got.dbeta, want.dbeta, backward_tolerance<T>);
+  });
 }
 
 // Rows near `offset` spaced by multiples of `step` (exact in T): the mean is large and the spread small, so

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <span>
 #include <string>
 
 #include "support.hpp"
@@ -23,6 +24,19 @@ template <class T> Var<T> apply(bool log, const Var<T>& x, int axis) {
   return log ? log_softmax(x, axis) : softmax(x, axis);
 }
 std::string name(bool log) { return log ? "log_softmax" : "softmax"; }
+
+// Calls body(log, c) for softmax and log_softmax over every case, captured for reports.
+template <class Body> void for_each_case(std::span<const Case> cases, Body body) {
+  for (bool log : {false, true}) {
+    for (const Case& c : cases) {
+      const std::string op = name(log);
+      CAPTURE(op);
+      CAPTURE(c.shape);
+      CAPTURE(c.axis);
+      body(log, c);
+    }
+  }
+}
 
 // The textbook formulas along `axis`, one line at a time, in double.
 Tensor<double> reference(bool log, const Tensor<double>& x, int axis) {
@@ -67,35 +81,23 @@ template <class T> Tensor<T> gradient(bool log, const Tensor<T>& x, int axis, co
 }  // namespace
 
 TEST_CASE("softmax and log_softmax match the textbook formulas along every axis") {
-  for (bool log : {false, true}) {
-    for (const Case& c : cases) {
-      const std::string op = name(log);
-      CAPTURE(op);
-      CAPTURE(c.shape);
-      CAPTURE(c.axis);
-      const Tensor<double> x = randn<double>(c.shape, 1, 0.0, 3.0);
-      test::check_close(apply(log, constant(x), c.axis).value(), reference(log, x, c.axis), {1e-13, 1e-15});
-    }
-  }
+  for_each_case(cases, [](bool log, const Case& c) {
+    const Tensor<double> x = randn<double>(c.shape, 1, 0.0, 3.0);
+    test::check_close(apply(log, constant(x), c.axis).value(), reference(log, x, c.axis), {1e-13, 1e-15});
+  });
 }
 
 TEST_CASE("softmax and log_softmax record one node and pass gradcheck along every axis") {
-  for (bool log : {false, true}) {
-    for (const Case& c : cases) {
-      const std::string op = name(log);
-      CAPTURE(op);
-      CAPTURE(c.shape);
-      CAPTURE(c.axis);
-      const Tensor<double> x = randn<double>(c.shape, 2, 0.0, 2.0);
-      {
-        Tape tape;
-        TapeScope scope(tape);
-        apply(log, param(x), c.axis);
-        CHECK(tape.size() == 1);
-      }
-      CHECK(gradcheck([&](const std::vector<Var<double>>& v) { return apply(log, v[0], c.axis); }, {x}));
+  for_each_case(cases, [](bool log, const Case& c) {
+    const Tensor<double> x = randn<double>(c.shape, 2, 0.0, 2.0);
+    {
+      Tape tape;
+      TapeScope scope(tape);
+      apply(log, param(x), c.axis);
+      CHECK(tape.size() == 1);
     }
-  }
+    CHECK(gradcheck([&](const std::vector<Var<double>>& v) { return apply(log, v[0], c.axis); }, {x}));
+  });
 }
 
 TEST_CASE_TEMPLATE("softmax and log_softmax of huge logits do not overflow", T, double, float) {
@@ -120,20 +122,14 @@ TEST_CASE("softmax takes an expression") {
 
 TEST_CASE_TEMPLATE("low-precision softmax and log_softmax match the double reference, forward and backward", T, float,
                    bf16, f16) {
-  for (bool log : {false, true}) {
-    for (const Case& c : low_precision_cases) {
-      const std::string op = name(log);
-      CAPTURE(op);
-      CAPTURE(c.shape);
-      CAPTURE(c.axis);
-      const Tensor<T> x = randn<T>(c.shape, 5, 0.0, 2.0);
-      test::check_close(apply(log, constant(x), c.axis).value(), reference(log, cast<double>(x), c.axis),
-                        forward_tolerance<T>);
-      const Tensor<T> dy = randn<T>(c.shape, 6);
-      test::check_close(gradient(log, x, c.axis, dy), gradient(log, cast<double>(x), c.axis, cast<double>(dy)),
-                        backward_tolerance<T>);
-    }
-  }
+  for_each_case(low_precision_cases, [](bool log, const Case& c) {
+    const Tensor<T> x = randn<T>(c.shape, 5, 0.0, 2.0);
+    test::check_close(apply(log, constant(x), c.axis).value(), reference(log, cast<double>(x), c.axis),
+                      forward_tolerance<T>);
+    const Tensor<T> dy = randn<T>(c.shape, 6);
+    test::check_close(gradient(log, x, c.axis, dy), gradient(log, cast<double>(x), c.axis, cast<double>(dy)),
+                      backward_tolerance<T>);
+  });
 }
 
 TEST_CASE("softmax errors name the op, the axis and the shape") {
