@@ -101,7 +101,11 @@ template <class T> class Leaf : public ExpressionTag {
 
   bool requires_grad() const { return var_.requires_grad(); }
   void collect(std::vector<std::shared_ptr<VarImpl<T>>>& out) const { out.push_back(var_.slot()); }
-  void describe(std::string& s, int& next) const { s += "x" + std::to_string(next++); }
+  // Two appends, not "x" + to_string(...): GCC 12 reports a false -Wrestrict on the latter once inlined.
+  void describe(std::string& s, int& next) const {
+    s += 'x';
+    s += std::to_string(next++);
+  }
 
  private:
   Var<T> var_;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "autodiff/var.hpp"
 
@@ -20,31 +19,19 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::
 // position. The mean over positions of -Σ_c p_c log softmax(logits)_c. Gradients flow to both.
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& target_probs);
 
-namespace detail {
-template <class X>
-concept VarOrExpression = is_var<std::remove_cvref_t<X>>::value || VarExpression<X>;
-// Two operands of which at least one is a lazy expression.
-template <class X, class Y>
-concept WithExpression = VarOrExpression<X> && VarOrExpression<Y> &&(VarExpression<X> || VarExpression<Y>);
-template <class X> auto as_var(const X& x) {
-  if constexpr (VarExpression<X>) {
-    return x.evaluate();
-  } else {
-    return x;
-  }
+// Either operand may be a lazy expression.
+template <VarLike P, VarLike Q>
+  requires(VarExpression<P> || VarExpression<Q>)
+auto mse_loss(const P& pred, const Q& target) {
+  return mse_loss(eval(pred), eval(target));
 }
-}  // namespace detail
-
-template <class P, class Q>
-requires detail::WithExpression<P, Q>
-auto mse_loss(const P& pred, const Q& target) { return mse_loss(detail::as_var(pred), detail::as_var(target)); }
 template <VarExpression E> auto cross_entropy(const E& logits, const Tensor<std::int64_t>& labels) {
   return cross_entropy(logits.evaluate(), labels);
 }
-template <class L, class P>
-requires detail::WithExpression<L, P>
+template <VarLike L, VarLike P>
+  requires(VarExpression<L> || VarExpression<P>)
 auto cross_entropy(const L& logits, const P& target_probs) {
-  return cross_entropy(detail::as_var(logits), detail::as_var(target_probs));
+  return cross_entropy(eval(logits), eval(target_probs));
 }
 
 }  // namespace tapegrad
