@@ -78,6 +78,7 @@ Tensor<T> cross_entropy_forward(CrossEntropySaved<T, Targets>& s, const Tensor<T
         for (std::int64_t r = begin; r < end; ++r) {
           for (std::int64_t c = 0; c < s.classes; ++c) {
             const C q = target_prob<C>(s.targets, r, c, s.classes);
+            // A class with no target mass adds nothing, even where its logit is -inf (0 · inf would be NaN).
             if (q != C(0)) partial[0] += q * (s.lse[r] - static_cast<C>(logits.flat(r * s.classes + c)));
           }
         }
