@@ -12,6 +12,10 @@
 // std::tuple<Tensor<Ts>...>, or one Tensor when there is one input). An input's gradient may be left undefined
 // when NeedsGrad says it is not needed. The gradient of an output that received none arrives as zeros.
 // Saved lives until the node's backward has run without retain_graph (or the tape is cleared).
+//
+// Ops over a runtime number of inputs of one dtype (concat) pass a std::vector<Var<T>> instead: forward then
+// takes `const std::vector<Tensor<T>>&` and returns one Tensor<T>; backward returns a std::vector<Tensor<T>>
+// with one gradient per input.
 #pragma once
 
 #include <array>
@@ -20,6 +24,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "autodiff/var.hpp"
 #include "tensor/factories.hpp"
@@ -55,6 +60,25 @@ template <class T> struct tensor_element<Tensor<T>> { using type = T; };
 template <class Tuple> struct element_types;
 template <class... Rs> struct element_types<std::tuple<Tensor<Rs>...>> { using type = std::tuple<Rs...>; };
 
+inline std::vector<bool> needs_grad_of(const std::vector<std::shared_ptr<VarSlot>>& inputs) {
+  std::vector<bool> needs(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i]->requires_grad;
+  return needs;
+}
+
+// The gradient that arrived at `output`, or zeros of `shape` when none did.
+template <class R> Tensor<R> output_grad(const std::weak_ptr<VarSlot>& output, const Shape& shape) {
+  if (auto slot = output.lock(); slot && slot->has_pending()) return static_cast<const VarImpl<R>&>(*slot).pending;
+  return zeros<R>(shape);
+}
+
+// Adds input i's gradient `g`, unless it is not needed or undefined (an undefined gradient means zero).
+template <class T>
+void accumulate_input(const Node& node, std::size_t i, const Tensor<T>& g, bool needed) {
+  if (!needed || !g.defined()) return;
+  static_cast<VarImpl<T>&>(*node.inputs[i]).accumulate(g, node.name() + " (input " + std::to_string(i) + ")");
+}
+
 template <class Saved, class Backward, class Outputs, class... Ts> class CustomNode;
 
 template <class Saved, class Backward, class... Rs, class... Ts>
@@ -67,8 +91,7 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
         output_shapes_(output_shapes) {}
 
   void backward() override {
-    std::vector<bool> needs(inputs.size());
-    for (std::size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i]->requires_grad;
+    const std::vector<bool> needs = needs_grad_of(inputs);
     auto dys = output_grads(std::index_sequence_for<Rs...>{});
     auto grads = as_tuple(std::apply(
         [&](const auto&... dy) { return backward_(*saved_, NeedsGrad(needs), dy...); }, dys));
@@ -80,21 +103,11 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
 
  private:
   template <std::size_t... K> std::tuple<Tensor<Rs>...> output_grads(std::index_sequence<K...>) const {
-    return {output_grad<Rs>(K)...};
-  }
-  template <class R> Tensor<R> output_grad(std::size_t k) const {
-    if (auto slot = outputs[k].lock(); slot && slot->has_pending()) {
-      return static_cast<const VarImpl<R>&>(*slot).pending;
-    }
-    return zeros<R>(output_shapes_[k]);
+    return {output_grad<Rs>(outputs[K], output_shapes_[K])...};
   }
   template <std::size_t... I>
   void accumulate(const std::tuple<Tensor<Ts>...>& grads, const std::vector<bool>& needs, std::index_sequence<I...>) {
-    (accumulate_one<Ts>(std::get<I>(grads), I, needs[I]), ...);
-  }
-  template <class T> void accumulate_one(const Tensor<T>& g, std::size_t i, bool needed) {
-    if (!needed || !g.defined()) return;  // an undefined gradient means zero
-    static_cast<VarImpl<T>&>(*inputs[i]).accumulate(g, name() + " (input " + std::to_string(i) + ")");
+    (accumulate_input<Ts>(*this, I, std::get<I>(grads), needs[I]), ...);
   }
 
   std::optional<Saved> saved_;
@@ -113,6 +126,38 @@ template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&
   };
   (check_one(*inputs.slot()), ...);
 }
+template <class T> void check_inputs(const std::string& name, const std::vector<Var<T>>& inputs) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].slot()->is_stale()) {
+      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + inputs[i].shape().str() +
+                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
+    }
+  }
+}
+
+// The node of a custom op over a list of inputs of one dtype, with one output.
+template <class Saved, class Backward, class T> class ListNode final : public Node {
+ public:
+  ListNode(std::string name, Saved saved, Backward backward, Shape output_shape)
+      : Node(std::move(name)), saved_(std::move(saved)), backward_(std::move(backward)), output_shape_(output_shape) {}
+
+  void backward() override {
+    const std::vector<bool> needs = needs_grad_of(inputs);
+    const Tensor<T> dy = output_grad<T>(outputs[0], output_shape_);
+    const std::vector<Tensor<T>> grads = backward_(*saved_, NeedsGrad(needs), dy);
+    if (grads.size() != inputs.size()) {
+      throw AutodiffError(name() + ": backward returned " + std::to_string(grads.size()) + " gradients for " +
+                          std::to_string(inputs.size()) + " inputs");
+    }
+    for (std::size_t i = 0; i < grads.size(); ++i) accumulate_input(*this, i, grads[i], needs[i]);
+  }
+  void release_saved() override { saved_.reset(); }
+
+ private:
+  std::optional<Saved> saved_;
+  Backward backward_;
+  Shape output_shape_;
+};
 
 }  // namespace detail
 
@@ -147,6 +192,29 @@ auto custom_op(std::string name, Forward&& forward, Backward&& backward, const V
   } else {
     return vars;
   }
+}
+
+template <class Saved, class Forward, class Backward, class T>
+Var<T> custom_op(std::string name, Forward&& forward, Backward&& backward, const std::vector<Var<T>>& inputs) {
+  detail::check_inputs(name, inputs);
+  std::vector<Tensor<T>> values;
+  bool any_requires_grad = false;
+  for (const Var<T>& x : inputs) {
+    values.push_back(x.value());
+    any_requires_grad = any_requires_grad || x.requires_grad();
+  }
+  Saved saved{};
+  Tensor<T> output = forward(saved, std::as_const(values));
+  const bool record = grad_enabled() && any_requires_grad;
+  Var<T> y(std::move(output), record);
+  if (record) {
+    auto node = std::make_unique<detail::ListNode<Saved, std::decay_t<Backward>, T>>(
+        std::move(name), std::move(saved), std::forward<Backward>(backward), y.shape());
+    for (const Var<T>& x : inputs) node->inputs.push_back(x.slot());
+    node->outputs.push_back(y.slot());
+    Tape::active().record(std::move(node));
+  }
+  return y;
 }
 
 }  // namespace tapegrad

@@ -58,7 +58,7 @@ struct Checker {
     xe = saved + options.eps;
     const Tensor<double> plus = evaluate_without_grad().value().clone();
     xe = saved - options.eps;
-    const Tensor<double> minus = evaluate_without_grad().value();
+    const Tensor<double> minus = evaluate_without_grad().value().clone();  // f may return a view of x
     xe = saved;
     Tensor<double> column(plus.shape());
     for (std::int64_t j = 0; j < plus.numel(); ++j) column.flat(j) = (plus.flat(j) - minus.flat(j)) / (2 * options.eps);
