@@ -15,6 +15,7 @@
 
 #include "autodiff/custom_op.hpp"
 #include "ops/axes.hpp"
+#include "ops/lines.hpp"
 #include "tensor/eigen.hpp"
 
 namespace tapegrad {
@@ -259,6 +260,7 @@ template <class T> Var<T> reshape(const Var<T>& x, std::vector<std::int64_t> dim
 
 template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, std::int64_t stop, std::int64_t step) {
   const Shape& shape = x.shape();
+  const detail::AxisLayout l = detail::axis_layout(shape, axis, "slice");
   const int a = static_cast<int>(shape.normalize_axis(axis, "slice"));
   check(step >= 1, "slice", "step must be at least 1, got ", step, " (slicing axis ", axis, " of shape ", shape.str(),
         ")");
@@ -271,11 +273,11 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
   return custom_op<Saved>(
       "slice",
       [&](Saved& s, const Tensor<T>& x) {
-        const auto [rows, count] = python_slice(shape[a], start, stop, step);
+        const auto [rows, count] = python_slice(l.n, start, stop, step);
         s.x_shape = shape;
         s.in_x = rows;
         s.in_y = {count, 0, 1};
-        s.n = {numel_between(shape, 0, a), count, numel_between(shape, a + 1, shape.rank())};
+        s.n = {l.outer, count, l.inner};
         Tensor<T> y(with_dim(shape, a, count));
         copy_rows(x.data(), s.in_x, y.data(), s.in_y, s.n);
         return y;
@@ -291,6 +293,7 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
 template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
   check(!xs.empty(), "concat", "needs at least one input");
   const Shape& first = xs[0].shape();
+  const detail::AxisLayout l = detail::axis_layout(first, axis, "concat");
   const int a = static_cast<int>(first.normalize_axis(axis, "concat"));
   std::int64_t total = 0;
   std::string mismatches;
@@ -314,9 +317,9 @@ template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
   return custom_op<Saved>(
       "concat",
       [&](Saved& s, const std::vector<Tensor<T>>& values) {
-        s.outer = numel_between(first, 0, a);
+        s.outer = l.outer;
         s.total = total;
-        s.inner = numel_between(first, a + 1, first.rank());
+        s.inner = l.inner;
         Tensor<T> y(with_dim(first, a, total));
         std::int64_t offset = 0;
         for (std::size_t k = 0; k < values.size(); ++k) {

@@ -1,17 +1,13 @@
-// What the reduce and layout tests share: index arithmetic for naive reference implementations, a comparison under
-// a tolerance that names the worst element, and running one op in T and in double on the same (rounded) values.
+// What the reduce and layout tests share: index arithmetic for naive reference implementations, and running one op
+// in T and in double on the same (rounded) values.
 #pragma once
 
 #include <doctest/doctest.h>
 
-#include <cmath>
-#include <limits>
 #include <vector>
 
+#include "support.hpp"
 #include "tapegrad.hpp"
-
-TYPE_TO_STRING(tapegrad::bf16);
-TYPE_TO_STRING(tapegrad::f16);
 
 namespace tapegrad::test {
 
@@ -28,31 +24,6 @@ inline std::int64_t ravel(const std::vector<std::int64_t>& idx, const Shape& sha
   std::int64_t i = 0;
   for (int a = 0; a < shape.rank(); ++a) i = i * shape[a] + idx[static_cast<std::size_t>(a)];
   return i;
-}
-
-struct Tolerance {
-  double rtol, atol;
-};
-
-// Checks |got - want| <= atol + rtol·|want| elementwise (NaN matches NaN); a failure names the worst element.
-template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
-  REQUIRE(got.shape() == want.shape());
-  double worst = 0.0;
-  std::int64_t at = 0;
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const double g = convert<double>(got.flat(i)), w = want.flat(i);
-    if (std::isnan(g) && std::isnan(w)) continue;
-    const double diff = std::abs(g - w);
-    double ratio = diff == 0.0 ? 0.0 : diff / (tol.atol + tol.rtol * std::abs(w));
-    if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
-    if (ratio > worst) {
-      worst = ratio;
-      at = i;
-    }
-  }
-  INFO("worst element ", at, " of shape ", got.shape(), ": got ", convert<double>(got.flat(at)), ", want ",
-       want.flat(at), " (rtol ", tol.rtol, ", atol ", tol.atol, ")");
-  CHECK(worst <= 1.0);
 }
 
 // Runs `f` (a generic callable on Var) in T on a random x, and in double on the same rounded values; checks the

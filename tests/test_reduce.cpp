@@ -4,7 +4,6 @@
 #include <limits>
 
 #include "ops/axes.hpp"
-#include "tensor/eigen.hpp"
 #include "reference.hpp"
 #include "tapegrad.hpp"
 
@@ -243,13 +242,11 @@ TEST_CASE_TEMPLATE("reductions in low precision match double, forward and backwa
 TEST_CASE("reductions give the same bits whatever the thread count") {
   const auto x = constant(randn<float>({3000, 41}, 9));
   auto run = [&](int threads) {
-    const int previous = num_threads();
-    set_num_threads(threads);
+    test::ThreadCount count(threads);
     std::vector<float> out = sum(x).value().to_vector();
     for (const std::vector<int>& axes : {std::vector<int>{0}, {1}}) {
       for (float v : mean(x, axes).value().to_vector()) out.push_back(v);
     }
-    set_num_threads(previous);
     return out;
   };
   CHECK(run(1) == run(3));
