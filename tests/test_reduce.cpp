@@ -139,7 +139,7 @@ TEST_CASE("reductions accept lazy expressions") {
   auto a = param(randn<double>({2, 3}, 1)), b = param(randn<double>({2, 3}, 2));
   CHECK(sum(a * b).shape() == Shape{});
   CHECK(mean(a + b, {1}).shape() == Shape{2});
-  CHECK(max(exp(a), {0}, true).shape() == Shape{1, 3});
+  CHECK(max(a - b, {0}, true).shape() == Shape{1, 3});
   CHECK(gradcheck([](const std::vector<Var<double>>& in) { return sum(in[0] * in[1], {0}); },
                   {randn<double>({3, 2}, 3), randn<double>({3, 2}, 4)}));
 }
