@@ -90,7 +90,7 @@ template <class Visit> void for_each_broadcast(const Shape& from, const Shape& t
 
 template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
   check(broadcast_shapes(t.shape(), shape, "expand_to") == shape, "expand_to", "cannot expand shape ",
-        t.shape().str(), " to ", shape.str());
+        t.shape(), " to ", shape);
   Tensor<T> out(shape);
   const T* src = t.data();
   T* dst = out.data();
@@ -101,7 +101,7 @@ template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
 template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   check(broadcast_shapes(shape, g.shape(), "sum_to") == g.shape(), "sum_to", "cannot reduce shape ",
-        g.shape().str(), " to ", shape.str());
+        g.shape(), " to ", shape);
   using C = compute_t<T>;
   std::vector<C> acc(static_cast<std::size_t>(shape.numel()), C(0));
   const T* src = g.data();

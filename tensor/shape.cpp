@@ -33,7 +33,7 @@ std::int64_t Shape::numel() const {
 
 std::size_t Shape::normalize_axis(int axis, const char* op) const {
   const int a = axis < 0 ? axis + rank_ : axis;
-  check(a >= 0 && a < rank_, op, "axis ", axis, " is out of range for shape ", str(), " of rank ", rank_);
+  check(a >= 0 && a < rank_, op, "axis ", axis, " is out of range for shape ", *this, " of rank ", rank_);
   return static_cast<std::size_t>(a);
 }
 
@@ -69,7 +69,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (int i = 0; i < rank; ++i) {
     const int ia = a.rank() - rank + i, ib = b.rank() - rank + i;
     const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    check(da == db || da == 1 || db == 1, op, "shapes ", a.str(), " and ", b.str(), " cannot be broadcast together");
+    check(da == db || da == 1 || db == 1, op, "shapes ", a, " and ", b, " cannot be broadcast together");
     dims[static_cast<std::size_t>(i)] = da == 1 ? db : da;
   }
   return Shape(dims);

@@ -48,14 +48,14 @@ template <class T> class Tensor {
     return data()[offset_of({static_cast<std::int64_t>(idx)...})];
   }
   T item() const {
-    check(numel() == 1, "item", "tensor of shape ", shape_.str(), " has ", numel(), " elements, not 1");
+    check(numel() == 1, "item", "tensor of shape ", shape_, " has ", numel(), " elements, not 1");
     return data()[0];
   }
 
   // A view with a new shape of the same element count, sharing storage.
   Tensor reshape(const Shape& shape) const {
-    check(shape.numel() == numel(), "reshape", "cannot view shape ", shape_.str(), " (", numel(),
-          " elements) as ", shape.str(), " (", shape.numel(), " elements)");
+    check(shape.numel() == numel(), "reshape", "cannot view shape ", shape_, " (", numel(),
+          " elements) as ", shape, " (", shape.numel(), " elements)");
     Tensor view = *this;
     view.shape_ = shape;
     return view;
@@ -72,13 +72,13 @@ template <class T> class Tensor {
  private:
   std::int64_t offset_of(std::initializer_list<std::int64_t> idx) const {
     check(static_cast<int>(idx.size()) == rank(), "index", "got ", idx.size(), " indices for a tensor of shape ",
-          shape_.str());
+          shape_);
     const auto strides = shape_.strides();
     std::int64_t off = 0;
     int axis = 0;
     for (std::int64_t i : idx) {
       check(i >= 0 && i < shape_[axis], "index", "index ", i, " is out of range for axis ", axis, " of shape ",
-            shape_.str());
+            shape_);
       off += i * strides[static_cast<std::size_t>(axis++)];
     }
     return off;
