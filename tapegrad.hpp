@@ -9,6 +9,7 @@
 #include "ops/elementwise.hpp"
 #include "ops/layout.hpp"
 #include "ops/loss.hpp"
+#include "ops/matmul.hpp"
 #include "ops/norm.hpp"
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"

@@ -1,0 +1,166 @@
+// GEMM dispatch: Eigen Tensor contraction for small products, CBLAS for large f32/f64 ones.
+//
+// Eigen path: the contraction pairs op(A)'s K axis with op(B)'s, so the transposes are contraction axes, never
+// copies, and the free axes come out as [M, N] in all four cases. Eigen maps need contiguous rows, so an operand
+// with a leading dimension wider than its rows is packed first (O(MK), next to the O(MNK) product). alpha, beta
+// and a strided C are applied in one pass over a contiguous product.
+// bf16/f16: both operands are widened to f32 (packing them), multiplied by the f32 path, and C is rounded once.
+#include "ops/gemm.hpp"
+
+#include <atomic>
+#include <climits>
+
+#include "tensor/eigen.hpp"
+#include "tensor/factories.hpp"
+
+#ifdef TAPEGRAD_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+namespace tapegrad {
+
+namespace {
+
+// The extent a matrix is stored with: op(X) is [rows, cols] when not transposed.
+struct Extent {
+  std::int64_t rows, cols;
+};
+Extent stored(Transpose t, std::int64_t rows, std::int64_t cols) {
+  return t == Transpose::yes ? Extent{cols, rows} : Extent{rows, cols};
+}
+
+// A contiguous copy, converted to To, of a matrix of extent `e` whose rows are `ld` apart.
+template <class To, class From> Tensor<To> pack(const From* src, Extent e, std::int64_t ld) {
+  Tensor<To> out(Shape{e.rows, e.cols});
+  To* dst = out.data();
+  parallel_for(e.rows, e.cols, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      for (std::int64_t j = 0; j < e.cols; ++j) dst[i * e.cols + j] = convert<To>(src[i * ld + j]);
+    }
+  });
+  return out;
+}
+
+// C = alpha · P + beta · C for a contiguous [M, N] product P computed in P's type; rounds to T once.
+template <class T, class P>
+void store(const P* product, std::int64_t M, std::int64_t N, P alpha, P beta, T* C, std::int64_t ldc) {
+  parallel_for(M, N, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        P v = alpha * product[i * N + j];
+        if (beta != P(0)) v += beta * convert<P>(C[i * ldc + j]);
+        C[i * ldc + j] = convert<T>(v);
+      }
+    }
+  });
+}
+
+template <class T>
+void eigen_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  const Extent ea = stored(trans_a, M, K), eb = stored(trans_b, K, N);
+  Tensor<T> a_packed, b_packed;  // only for strided operands
+  if (lda != ea.cols) {
+    a_packed = pack<T>(A, ea, lda);
+    A = a_packed.data();
+  }
+  if (ldb != eb.cols) {
+    b_packed = pack<T>(B, eb, ldb);
+    B = b_packed.data();
+  }
+  const ConstTensorView<T, 2> a(A, ea.rows, ea.cols), b(B, eb.rows, eb.cols);
+  const std::array<Eigen::IndexPair<Eigen::Index>, 1> axes{
+      {{trans_a == Transpose::yes ? 0 : 1, trans_b == Transpose::yes ? 1 : 0}}};
+  const bool direct = alpha == T(1) && beta == T(0) && ldc == N;
+  Tensor<T> product = direct ? Tensor<T>() : Tensor<T>(Shape{M, N});
+  TensorView<T, 2> out(direct ? C : product.data(), M, N);
+  run_on_cpu(M * N * K, [&](auto& device) { out.device(device) = a.contract(b, axes); });
+  if (!direct) store(product.data(), M, N, alpha, beta, C, ldc);
+}
+
+#ifdef TAPEGRAD_HAVE_CBLAS
+CBLAS_TRANSPOSE blas_transpose(Transpose t) { return t == Transpose::yes ? CblasTrans : CblasNoTrans; }
+
+// OpenBLAS keeps its own threads: give it as many as tapegrad's pool, re-set only when set_num_threads changed it.
+void sync_blas_threads() {
+  static std::atomic<int> blas_threads{0};
+  const int n = num_threads();
+  if (blas_threads.exchange(n) != n) openblas_set_num_threads(n);
+}
+
+void blas_gemm(Transpose ta, Transpose tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+               int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, blas_transpose(ta), blas_transpose(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void blas_gemm(Transpose ta, Transpose tb, int M, int N, int K, double alpha, const double* A, int lda,
+               const double* B, int ldb, double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, blas_transpose(ta), blas_transpose(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+bool fits_int(std::initializer_list<std::int64_t> values) {
+  for (std::int64_t v : values) {
+    if (v > INT_MAX) return false;
+  }
+  return true;
+}
+#endif
+
+template <class T>
+void float_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc,
+                GemmPath path) {
+  check(path != GemmPath::blas || gemm_has_blas(), "gemm", "the BLAS path was asked for, but tapegrad was built "
+                                                           "without a CBLAS (meson option blas)");
+#ifdef TAPEGRAD_HAVE_CBLAS
+  const bool fits = fits_int({M, N, K, lda, ldb, ldc});
+  if (path == GemmPath::blas || (path == GemmPath::automatic && fits && M * N * K >= blas_min_work)) {
+    check(fits, "gemm", "sizes M ", M, ", N ", N, ", K ", K, " or the leading dimensions exceed the CBLAS int range");
+    sync_blas_threads();
+    blas_gemm(trans_a, trans_b, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+    return;
+  }
+#endif
+  eigen_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace
+
+bool gemm_has_blas() {
+#ifdef TAPEGRAD_HAVE_CBLAS
+  return true;
+#else
+  return false;
+#endif
+}
+
+template <class T>
+void gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K, compute_t<T> alpha,
+          const T* A, std::int64_t lda, const T* B, std::int64_t ldb, compute_t<T> beta, T* C, std::int64_t ldc,
+          GemmPath path) {
+  using P = compute_t<T>;
+  check(M >= 0 && N >= 0 && K >= 0, "gemm", "negative size M ", M, ", N ", N, ", K ", K);
+  const Extent ea = stored(trans_a, M, K), eb = stored(trans_b, K, N);
+  check(lda >= ea.cols && ldb >= eb.cols && ldc >= N, "gemm", "leading dimensions lda ", lda, ", ldb ", ldb,
+        ", ldc ", ldc, " are smaller than the rows of A [", ea.rows, ", ", ea.cols, "], B [", eb.rows, ", ", eb.cols,
+        "] or C [", M, ", ", N, "]");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: C = beta · C (CBLAS rejects the zero leading dimensions this may come with)
+    store(zeros<P>(Shape{M, N}).data(), M, N, P(0), beta, C, ldc);
+  } else if constexpr (is_half_precision_v<T>) {
+    const Tensor<P> a = pack<P>(A, ea, lda), b = pack<P>(B, eb, ldb);
+    Tensor<P> product(Shape{M, N});
+    float_gemm<P>(trans_a, trans_b, M, N, K, alpha, a.data(), ea.cols, b.data(), eb.cols, P(0), product.data(), N,
+                  path);
+    store(product.data(), M, N, P(1), beta, C, ldc);
+  } else {
+    float_gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, path);
+  }
+}
+
+#define TAPEGRAD_INSTANTIATE_GEMM(T)                                                                           \
+  template void gemm<T>(Transpose, Transpose, std::int64_t, std::int64_t, std::int64_t, compute_t<T>, const T*, \
+                        std::int64_t, const T*, std::int64_t, compute_t<T>, T*, std::int64_t, GemmPath);
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_GEMM)
+
+}  // namespace tapegrad
