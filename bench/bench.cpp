@@ -1,0 +1,91 @@
+#include "bench.hpp"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <vector>
+
+#include "tensor/eigen.hpp"
+
+namespace bench {
+
+Budget budget;
+
+std::vector<Timing> measure(const std::vector<Body>& bodies) {
+  using clock = std::chrono::steady_clock;
+  auto once = [](const Body& body) {
+    const auto start = clock::now();
+    body.run();
+    const auto stop = clock::now();
+    if (body.reset) body.reset();
+    return std::chrono::duration<double, std::nano>(stop - start).count();
+  };
+  for (int i = 0; i < budget.warmup; ++i) {
+    for (const Body& body : bodies) once(body);
+  }
+  std::vector<std::vector<double>> ns(bodies.size());
+  std::vector<double> total(bodies.size(), 0.0);
+  auto enough = [&](int rep) {
+    if (rep >= budget.max_reps) return true;
+    return rep >= budget.min_reps && *std::min_element(total.begin(), total.end()) >= budget.min_seconds * 1e9;
+  };
+  for (int rep = 0; !enough(rep); ++rep) {
+    for (std::size_t k = 0; k < bodies.size(); ++k) {
+      ns[k].push_back(once(bodies[k]));
+      total[k] += ns[k].back();
+    }
+  }
+  std::vector<Timing> timings;
+  for (auto& v : ns) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    timings.push_back({n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), static_cast<int>(n)});
+  }
+  return timings;
+}
+
+std::int64_t allocated_bytes() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+}
+
+JsonLine::JsonLine(std::string_view group) {
+  out_ << "{";
+  str("group", group);
+}
+JsonLine::~JsonLine() { std::cout << out_.str() << "}" << std::endl; }
+
+JsonLine& JsonLine::key(std::string_view k) {
+  if (out_.tellp() > 1) out_ << ", ";
+  out_ << '"' << k << "\": ";
+  return *this;
+}
+JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
+  key(k);
+  out_ << '"' << value << '"';
+  return *this;
+}
+JsonLine& JsonLine::num(std::string_view k, double value) {
+  key(k);
+  if (std::isfinite(value)) {
+    out_ << value;
+  } else {
+    out_ << "null";
+  }
+  return *this;
+}
+JsonLine& JsonLine::shape(const tapegrad::Shape& s, std::string_view k) {
+  key(k);
+  out_ << "[";
+  for (int i = 0; i < s.rank(); ++i) out_ << (i ? ", " : "") << s[i];
+  out_ << "]";
+  return *this;
+}
+JsonLine& JsonLine::timing(const Timing& t) {
+  return num("threads", tapegrad::num_threads()).num("reps", t.reps).num("median_ns", t.median_ns).num("min_ns", t.min_ns);
+}
+
+}  // namespace bench

@@ -1,0 +1,55 @@
+// tapegrad micro-benchmarks: one JSON object per measurement on stdout.
+//
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul]
+//
+// With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
+// OpenBLAS to N threads.
+#include <cstdlib>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "bench.hpp"
+#include "ops/gemm.hpp"
+#include "tensor/eigen.hpp"
+
+#ifdef TAPEGRAD_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+namespace {
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::set<std::string> groups;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
+    } else if (arg == "--threads" && i + 1 < argc) {
+      tapegrad::set_num_threads(std::stoi(argv[++i]));
+    } else if (arg == "tape" || arg == "fusion" || arg == "matmul") {
+      groups.insert(arg);
+    } else {
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul]\n";
+      return 2;
+    }
+  }
+#ifdef TAPEGRAD_HAVE_CBLAS
+  openblas_set_num_threads(tapegrad::num_threads());
+#endif
+  bench::JsonLine("meta")
+      .num("threads", tapegrad::num_threads())
+      .num("blas", tapegrad::gemm_has_blas())
+      .num("blas_min_work", static_cast<double>(tapegrad::blas_min_work))
+      .str("OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE", "(unset)"))
+      .str("OPENBLAS_L2_SIZE", env_or("OPENBLAS_L2_SIZE", "(unset)"));
+  auto wanted = [&](const char* g) { return groups.empty() || groups.count(g) > 0; };
+  if (wanted("tape")) bench::tape_overhead();
+  if (wanted("fusion")) bench::fusion();
+  if (wanted("matmul")) bench::matmul();
+}
