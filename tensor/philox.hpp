@@ -24,11 +24,15 @@ TAPEGRAD_HOST_DEVICE inline void mulhilo(std::uint32_t a, std::uint32_t b, std::
   lo = static_cast<std::uint32_t>(p);
 }
 
-// The 128 random bits at counter (index, stream) under key `seed`.
-TAPEGRAD_HOST_DEVICE inline Block block(std::uint64_t seed, std::uint64_t index, std::uint32_t stream) {
-  std::uint32_t c0 = static_cast<std::uint32_t>(index), c1 = static_cast<std::uint32_t>(index >> 32);
-  std::uint32_t c2 = stream, c3 = 0;
-  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+struct Key {
+  std::uint32_t w[2];
+};
+
+// The Philox4x32-10 block function: ten rounds of `counter` under `key`, bumping the key between rounds. Exposed
+// so that tests can pin it against the published Random123 known-answer vectors.
+TAPEGRAD_HOST_DEVICE inline Block philox4x32_10(Block counter, Key key) {
+  std::uint32_t c0 = counter.w[0], c1 = counter.w[1], c2 = counter.w[2], c3 = counter.w[3];
+  std::uint32_t k0 = key.w[0], k1 = key.w[1];
   for (int round = 0; round < 10; ++round) {
     std::uint32_t hi0, lo0, hi1, lo1;
     mulhilo(0xD2511F53u, c0, hi0, lo0);
@@ -42,6 +46,13 @@ TAPEGRAD_HOST_DEVICE inline Block block(std::uint64_t seed, std::uint64_t index,
     k1 += 0xBB67AE85u;
   }
   return {{c0, c1, c2, c3}};
+}
+
+// The 128 random bits at counter (index, stream) under key `seed`.
+TAPEGRAD_HOST_DEVICE inline Block block(std::uint64_t seed, std::uint64_t index, std::uint32_t stream) {
+  const Block counter{{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), stream, 0}};
+  const Key key{{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+  return philox4x32_10(counter, key);
 }
 
 // Streams keep the uniform, normal and integer sequences of one seed independent of each other.
