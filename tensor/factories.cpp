@@ -1,6 +1,8 @@
 #include "tensor/factories.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <type_traits>
 
 #include "tensor/eigen.hpp"
 #include "tensor/philox.hpp"
@@ -47,10 +49,35 @@ template <class T> Tensor<T> randn(const Shape& shape, std::uint64_t seed, doubl
   return generate<T>(shape, [=](std::uint64_t i) { return convert<T>(m + s * philox::normal(seed, i)); });
 }
 
+namespace {
+// The next value of T towards -infinity (T an IEEE binary format; x finite).
+template <class T> T next_down(T x) {
+  using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  constexpr Bits sign = Bits(1) << (8 * sizeof(T) - 1);
+  const Bits b = std::bit_cast<Bits>(x);
+  if (b == 0 || b == sign) return std::bit_cast<T>(Bits(sign | 1));  // from ±0 to the smallest negative subnormal
+  return std::bit_cast<T>((b & sign) ? Bits(b + 1) : Bits(b - 1));
+}
+
+// The largest T strictly below `high`.
+template <class T> T largest_below(double high) {
+  T t = convert<T>(high);
+  while (!(convert<double>(t) < high)) t = next_down(t);
+  return t;
+}
+}  // namespace
+
 template <class T> Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low, double high) {
   check(low <= high, "rand_uniform", "low ", low, " is greater than high ", high);
   const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
-  return generate<T>(shape, [=](std::uint64_t i) { return convert<T>(lo + width * philox::uniform(seed, i)); });
+  // Rounding lo + width·u (u < 1) to f32, then to T, can land on `high`; such values step back below it.
+  const T top = largest_below<T>(high);
+  const bool half_open = low < high;
+  return generate<T>(shape, [=](std::uint64_t i) {
+    const T v = convert<T>(lo + width * philox::uniform(seed, i));
+    return half_open && !(convert<double>(v) < high) ? top : v;
+  });
 }
 
 template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high) {

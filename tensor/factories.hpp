@@ -1,6 +1,7 @@
 // Ways to make a tensor. Random factories are deterministic in the seed: element i is drawn in f32 from
 // (seed, i) by the Philox generator and then rounded to T, so f32, f64, bf16 and f16 tensors of one seed hold
-// the same values up to that rounding, whatever the thread count.
+// the same values up to that rounding, whatever the thread count. (One exception keeps rand_uniform half-open: a
+// value that rounding to T carried up to `high` becomes the largest T below `high`.)
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ template <class T> Tensor<T> arange(std::int64_t n);
 template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape);
 // Normal(mean, stddev), computed in f32 then rounded.
 template <class T> Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean = 0.0, double stddev = 1.0);
-// Uniform in [low, high), computed in f32 then rounded.
+// Uniform in [low, high), computed in f32 then rounded (never to `high`).
 template <class T>
 Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low = 0.0, double high = 1.0);
 // Integers in [low, high) (T is std::int32_t or std::int64_t).
