@@ -6,6 +6,8 @@
 
 #include <Eigen/Core>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -61,10 +63,24 @@ inline constexpr bool is_half_precision_v = std::is_same_v<T, bf16> || std::is_s
 // The type arithmetic on T is carried out in: f32 for the 16-bit floats, T itself otherwise.
 template <class T> using compute_t = std::conditional_t<is_half_precision_v<T>, float, T>;
 
+namespace detail {
+// `v` rounded to f32 with round-to-odd (truncate, then set the last bit when inexact). Rounding that to a format
+// of at most 22 fraction bits gives the correctly rounded result, where rounding to nearest twice would not (a
+// value just above a bf16 tie would first round onto the tie, then down to even).
+inline float round_to_odd_float(double v) {
+  float f = static_cast<float>(v);
+  if (std::isnan(v) || static_cast<double>(f) == v) return f;
+  if (std::abs(static_cast<double>(f)) > std::abs(v)) f = std::nextafter(f, 0.0f);
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+}
+}  // namespace detail
+
 // Round-to-nearest-even conversion between any two element types.
 template <class To, class From> inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
+  } else if constexpr (is_half_precision_v<To> && std::is_same_v<From, double>) {
+    return static_cast<To>(detail::round_to_odd_float(v));
   } else if constexpr (is_half_precision_v<From>) {
     return static_cast<To>(static_cast<float>(v));
   } else {
