@@ -36,6 +36,10 @@ template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardO
     throw AutodiffError("backward: the output of shape " + y.shape().str() +
                         " was recorded on a tape that has since been cleared");
   }
+  if (!(dy.shape() == y.shape())) {
+    throw AutodiffError("backward: the seed gradient has shape " + dy.shape().str() + " but the output has shape " +
+                        y.shape().str());
+  }
   slot.accumulate(dy, "backward (seed gradient)");
   if (!slot.is_leaf()) slot.tape->backward(slot, options.retain_graph);
 }
