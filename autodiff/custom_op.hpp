@@ -118,9 +118,8 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
 template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
   std::size_t i = 0;
   auto check_one = [&](const VarSlot& slot) {
-    if (slot.is_stale()) {
-      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() +
-                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
+    if (const char* why = unusable_input_reason(slot)) {
+      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() + why);
     }
     ++i;
   };

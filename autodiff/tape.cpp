@@ -90,4 +90,15 @@ NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 bool grad_enabled() { return grad_mode; }
 
+const char* unusable_input_reason(const VarSlot& input) {
+  if (input.is_stale()) {
+    return " was recorded on a tape that has since been cleared; detach() it to reuse its value";
+  }
+  if (grad_mode && !input.is_leaf() && input.tape != &Tape::active()) {
+    return " was recorded on another tape than the active one, where backward would not reach it; record it on the "
+           "active tape, or detach() it";
+  }
+  return nullptr;
+}
+
 }  // namespace tapegrad

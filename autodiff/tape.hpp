@@ -64,4 +64,9 @@ class NoGradGuard {
 };
 bool grad_enabled();
 
+// Why `input` cannot feed a node recorded now (a phrase to follow "<op>: input 0 of shape [2, 3]"), or nullptr
+// when it can. A value from a cleared tape has lost its node; a value from another live tape cannot take part in
+// a graph recorded here, since backward on this tape would never reach its node there.
+const char* unusable_input_reason(const VarSlot& input);
+
 }  // namespace tapegrad

@@ -249,10 +249,9 @@ template <class E> Var<typename E::element_type> evaluate(const E& e) {
   std::vector<Shape> shapes;
   std::vector<const Tensor<T>*> leaves;
   for (std::size_t k = 0; k < slots.size(); ++k) {
-    if (slots[k]->is_stale()) {
-      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " +
-                          slots[k]->shape().str() +
-                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
+    if (const char* why = unusable_input_reason(*slots[k])) {
+      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() +
+                          why);
     }
     shapes.push_back(slots[k]->value.shape());
     leaves.push_back(&slots[k]->value);
