@@ -1,1 +1,329 @@
 #include <doctest/doctest.h>
+
+#include <thread>
+
+#include "core_test_helpers.hpp"
+#include "tapegrad.hpp"
+
+using namespace tapegrad;
+using test::allclose;
+using test::total;
+
+namespace {
+
+Var<double> scalar_param(double v) { return param(full<double>({}, v)); }
+
+// A one-input op whose backward throws while `fail` is set: a user's op failing in the middle of a pass.
+Var<double> flaky(const Var<double>& x, const bool& fail) {
+  struct Saved {};
+  return custom_op<Saved>(
+      "flaky", [](Saved&, const Tensor<double>& in) { return in.clone(); },
+      [&fail](const Saved&, const NeedsGrad&, const Tensor<double>& dy) {
+        if (fail) throw std::runtime_error("flaky backward");
+        return dy;
+      },
+      x);
+}
+
+}  // namespace
+
+TEST_CASE("backward of a scalar seeds it with one") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = scalar_param(3.0);
+  Var<double> y = x * x + x;  // dy/dx = 2x + 1
+  backward(y);
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().item() == 7.0);
+  CHECK(x.grad().shape() == Shape{});
+}
+
+TEST_CASE("backward with a seed propagates that seed") {
+  Tape tape;
+  TapeScope scope(tape);
+  const Tensor<double> xv = randn<double>({2, 3}, 1), dy = randn<double>({2, 3}, 2);
+  Var<double> x = param(xv);
+  Var<double> y = x * x;
+  backward(y, dy);
+  Tensor<double> expected({2, 3});
+  for (std::int64_t i = 0; i < 6; ++i) expected.flat(i) = 2 * xv.flat(i) * dy.flat(i);
+  CHECK(allclose(x.grad(), expected));
+}
+
+TEST_CASE("backward from a leaf puts the seed in its gradient") {
+  Var<double> x = param(zeros<double>({3}));
+  backward(x, full<double>({3}, 2.0));
+  CHECK(allclose(x.grad(), full<double>({3}, 2.0)));
+}
+
+TEST_CASE("a value used twice receives the sum of both gradients") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = scalar_param(2.0);
+  Var<double> h = x * 3.0;   // its own node
+  Var<double> y = h * h + h;  // h is used by three leaves of one node
+  Var<double> z = y + h;      // and by a second node
+  backward(z);
+  // z = 9x² + 6x, dz/dx = 18x + 6
+  CHECK(x.grad().item() == doctest::Approx(42.0));
+  CHECK(tape.size() == 3);
+}
+
+TEST_CASE("gradients accumulate across two backward calls") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = scalar_param(1.5);
+  backward(eval(x * x));
+  CHECK(x.grad().item() == 3.0);
+  backward(eval(x * 4.0));
+  CHECK(x.grad().item() == 7.0);
+}
+
+TEST_CASE("zero_grad clears gradients") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> a = scalar_param(1.0), b = scalar_param(2.0);
+  backward(eval(a * b));
+  CHECK(a.grad().defined());
+  a.zero_grad();
+  CHECK_FALSE(a.grad().defined());
+  CHECK(b.grad().defined());
+  backward(eval(a * b));
+  CHECK(a.grad().item() == 2.0);  // starts afresh
+  zero_grad(a, b);
+  CHECK_FALSE(a.grad().defined());
+  CHECK_FALSE(b.grad().defined());
+}
+
+TEST_CASE("retain_graph allows a second backward through the same graph") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({4}, 3));
+  Var<double> y = total(exp(x));
+  backward(y, {.retain_graph = true});
+  const Tensor<double> first = x.grad().clone();
+  backward(y);
+  CHECK(allclose(x.grad(), eval(constant(first) * 2.0).value()));
+}
+
+TEST_CASE("backward twice without retain throws naming the node and retain_graph") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> a = scalar_param(1.0), b = scalar_param(2.0);
+  Var<double> y = a * b;
+  backward(y);
+  CHECK_THROWS_WITH_AS(backward(y), doctest::Contains("node 'mul(x0, x1)'"), AutodiffError);
+  CHECK_THROWS_WITH_AS(backward(y), doctest::Contains("retain_graph"), AutodiffError);
+  CHECK(a.grad().item() == 2.0);  // the failed passes added nothing
+}
+
+TEST_CASE("backward twice through a custom node names it") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({3}, 4));
+  Var<double> y = total(x);
+  backward(y);
+  CHECK_THROWS_WITH_AS(backward(y), doctest::Contains("'total'"), AutodiffError);
+}
+
+TEST_CASE("backward of a non-scalar without a seed throws naming the shape") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({2, 3}, 5));
+  Var<double> y = x * x;
+  CHECK_THROWS_WITH_AS(backward(y), doctest::Contains("backward: output of shape [2, 3] is not a scalar"),
+                       AutodiffError);
+  CHECK_FALSE(x.grad().defined());
+}
+
+TEST_CASE("a seed of the wrong shape throws naming both shapes") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({2, 3}, 5));
+  Var<double> y = x * x;
+  CHECK_THROWS_WITH_AS(backward(y, ones<double>({3})),
+                       "backward: the seed gradient has shape [3] but the output has shape [2, 3]", AutodiffError);
+  CHECK_THROWS_AS(backward(x, ones<double>({3, 2})), AutodiffError);
+  // Nothing was left behind: a correct backward still gives the right answer.
+  backward(y, ones<double>({2, 3}));
+  CHECK(allclose(x.grad(), eval(constant(x.value()) * 2.0).value()));
+}
+
+TEST_CASE("backward of an output that needs no gradient throws") {
+  Var<double> c = constant(ones<double>({}));
+  CHECK_THROWS_WITH_AS(backward(c), doctest::Contains("does not require grad"), AutodiffError);
+  CHECK_THROWS_AS(backward(eval(c * 2.0)), AutodiffError);
+}
+
+TEST_CASE("NoGradGuard records nothing") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({3}, 6));
+  {
+    NoGradGuard no_grad;
+    CHECK_FALSE(grad_enabled());
+    Var<double> y = x * x + exp(x);
+    Var<double> s = total(y);
+    CHECK(tape.size() == 0);
+    CHECK_FALSE(y.requires_grad());
+    CHECK_FALSE(s.requires_grad());
+    CHECK(y.is_leaf());
+    {
+      NoGradGuard nested;
+      CHECK_FALSE(grad_enabled());
+    }
+    CHECK_FALSE(grad_enabled());  // the inner guard restores the outer state
+  }
+  CHECK(grad_enabled());
+  Var<double> z = x * x;
+  CHECK(tape.size() == 1);
+  CHECK(z.requires_grad());
+}
+
+TEST_CASE("detach gives a leaf with the same value that no gradient flows through") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({3}, 7));
+  Var<double> h = x * 2.0;
+  Var<double> d = h.detach();
+  CHECK(d.is_leaf());
+  CHECK_FALSE(d.requires_grad());
+  CHECK(d.value().shares_storage_with(h.value()));
+  const std::size_t recorded = tape.size();
+  Var<double> c = d * d;  // only constants: nothing is recorded
+  CHECK(tape.size() == recorded);
+  CHECK_FALSE(c.requires_grad());
+  backward(total(x * d));  // d is a constant here: dL/dx = d
+  CHECK(allclose(x.grad(), d.value()));
+}
+
+TEST_CASE("a value from a cleared tape throws when used in a new op or in backward") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({2, 2}, 8));
+  Var<double> h = x * x;
+  Var<double> s = total(h);
+  tape.clear();
+  CHECK(tape.size() == 0);
+  CHECK_THROWS_WITH_AS(eval(h * 2.0), doctest::Contains("operand x0 of shape [2, 2] was recorded on a tape that has since been cleared"),
+                       AutodiffError);
+  CHECK_THROWS_WITH_AS(total(h), doctest::Contains("total: input 0 of shape [2, 2] was recorded on a tape"),
+                       AutodiffError);
+  CHECK_THROWS_WITH_AS(backward(s), doctest::Contains("recorded on a tape that has since been cleared"),
+                       AutodiffError);
+  // detach() makes the value usable again.
+  Var<double> y = h.detach() * x;
+  CHECK(y.requires_grad());
+}
+
+TEST_CASE("leaves survive clear and take part in new graphs") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = scalar_param(2.0);
+  backward(eval(x * x));
+  tape.clear();
+  x.zero_grad();
+  backward(eval(x * x * x));
+  CHECK(x.grad().item() == doctest::Approx(12.0));
+}
+
+TEST_CASE("a value from a destroyed tape is detected as stale") {
+  Var<double> x = scalar_param(2.0);
+  Var<double> h;
+  {
+    Tape tape;
+    TapeScope scope(tape);
+    h = x * x;
+  }
+  CHECK_THROWS_AS(backward(h), AutodiffError);
+  CHECK_THROWS_AS(eval(h + 1.0), AutodiffError);
+}
+
+TEST_CASE("TapeScope makes a private tape active and restores the previous one") {
+  Tape& outer = Tape::active();
+  const std::size_t outer_size = outer.size();
+  Tape first, second;
+  {
+    TapeScope a(first);
+    CHECK(&Tape::active() == &first);
+    Var<double> x = scalar_param(1.0);
+    Var<double> y = x * x;
+    CHECK(first.size() == 1);
+    {
+      TapeScope b(second);
+      CHECK(&Tape::active() == &second);
+      Var<double> z = x + 1.0;
+      CHECK(second.size() == 1);
+      CHECK(first.size() == 1);
+    }
+    CHECK(&Tape::active() == &first);
+  }
+  CHECK(&Tape::active() == &outer);
+  CHECK(outer.size() == outer_size);
+}
+
+TEST_CASE("each thread records on its own tape") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = scalar_param(1.0);
+  std::size_t other_size = 0;
+  std::thread worker([&] {
+    Tape& own = Tape::active();
+    CHECK(&own != &tape);  // doctest assertions from another thread are supported
+    const std::size_t before = own.size();
+    Var<double> y = x * 3.0;
+    other_size = own.size() - before;
+    backward(y);
+  });
+  worker.join();
+  CHECK(other_size == 1);
+  CHECK(tape.size() == 0);
+  CHECK(x.grad().item() == 3.0);
+}
+
+TEST_CASE("retain_grad keeps a non-leaf gradient") {
+  Tape tape;
+  TapeScope scope(tape);
+  Var<double> x = param(randn<double>({3}, 9));
+  Var<double> h = x * 2.0, k = x * 3.0;
+  h.retain_grad();
+  backward(total(h * h + k));
+  REQUIRE(h.grad().defined());
+  CHECK(allclose(h.grad(), eval(constant(h.value()) * 2.0).value()));  // d(h²)/dh = 2h
+  CHECK_FALSE(k.grad().defined());                                     // not retained
+}
+
+TEST_CASE("an exception during backward leaves no stale pending gradient") {
+  Tape tape;
+  TapeScope scope(tape);
+  bool fail = true;
+  Var<double> x = scalar_param(3.0);
+  Var<double> h = x * 2.0;
+  Var<double> a = h * 5.0;    // this branch runs first and leaves a gradient pending on h
+  Var<double> b = flaky(h, fail);  // this one throws
+  Var<double> y = a + b;
+  CHECK_THROWS_WITH_AS(backward(y, {.retain_graph = true}), "flaky backward", std::runtime_error);
+  fail = false;
+  x.zero_grad();
+  backward(y, {.retain_graph = true});
+  // y = 5h + h = 12x
+  CHECK(x.grad().item() == doctest::Approx(12.0));
+}
+
+TEST_CASE("a value recorded on another tape cannot be used on this one") {
+  Tape first, second;
+  Var<double> x = scalar_param(2.0);
+  Var<double> h;
+  {
+    TapeScope scope(first);
+    h = x * x;
+  }
+  TapeScope scope(second);
+  // Backward on `second` would never reach h's node on `first`: the gradient of x would silently be lost.
+  CHECK_THROWS_WITH_AS(eval(h * 3.0), doctest::Contains("recorded on another tape"), AutodiffError);
+  CHECK_THROWS_WITH_AS(total(h), doctest::Contains("total: input 0 of shape [] was recorded on another tape"),
+                       AutodiffError);
+  // Without recording there is no gradient to lose.
+  NoGradGuard no_grad;
+  CHECK(eval(h * 3.0).value().item() == 12.0);
+}
