@@ -39,7 +39,8 @@ struct Checker {
     ++entries;
     const double diff = std::abs(analytic - numeric);
     max_diff = std::max(max_diff, diff);
-    const double ratio = diff / (options.atol + options.rtol * std::abs(numeric));
+    // An exact match passes even with atol = 0 where numeric is 0 (0/0 would read as NaN, a failure).
+    const double ratio = diff == 0.0 ? 0.0 : diff / (options.atol + options.rtol * std::abs(numeric));
     if (!(ratio <= 1.0)) result.passed = false;  // NaN fails too
     if (ratio > worst_ratio || std::isnan(ratio)) {
       worst_ratio = std::isnan(ratio) ? INFINITY : ratio;
