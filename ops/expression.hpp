@@ -38,7 +38,8 @@ template <class T, int R> struct Context {
   std::array<Eigen::Index, R> out_dims{};
   const std::vector<std::array<Eigen::Index, R>>* dims = nullptr;     // rank 4 only
   const std::vector<std::array<Eigen::Index, R>>* factors = nullptr;  // rank 4 only
-  const std::vector<bool>* full = nullptr;                            // rank 4 only
+  const std::vector<bool>* full = nullptr;                            // which leaves have the output's shape
+  const Shape* output = nullptr;                                      // rank 1 only
 };
 
 template <class To, class X> auto cast_to(const X& x) {
@@ -76,8 +77,16 @@ template <class T> class Leaf : public ExpressionTag {
   void backprop(const Context<T, R>& ctx, const G& g, std::vector<Tensor<T>>& grads) const {
     Tensor<T> out(var_.shape());
     if constexpr (R == 1) {
-      auto o = view_as<1>(out, ctx.out_dims);
-      run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
+      if ((*ctx.full)[Offset]) {
+        auto o = view_as<1>(out, ctx.out_dims);
+        run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
+      } else {
+        // Expand plan, broadcast leaf: the gradient at the output's size, summed down in compute_t, rounded once.
+        Tensor<compute_t<T>> wide(*ctx.output);
+        auto w = view_as<1>(wide, ctx.out_dims);
+        run(wide.numel(), [&](auto& d) { w.device(d) = g; });
+        out = cast<T>(sum_to(wide, var_.shape()));
+      }
     } else if ((*ctx.full)[Offset]) {
       auto o = view_as<R>(out, ctx.out_dims);
       run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
@@ -205,7 +214,7 @@ void with_context(const BroadcastPlan& plan, const std::vector<const Tensor<T>*>
                                         &plan.operand_is_full};
     body(ctx);
   } else {
-    Context<T, 1> ctx{data, {plan.output.numel()}};
+    Context<T, 1> ctx{data, {plan.output.numel()}, nullptr, nullptr, &plan.operand_is_full, &plan.output};
     body(ctx);
   }
 }
@@ -230,7 +239,6 @@ template <class E> class ExpressionNode final : public Node {
     });
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) continue;
-      if (plan_.kind == BroadcastPlan::Kind::expand) grads[k] = sum_to(grads[k], inputs[k]->shape());
       static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
     }
   }
