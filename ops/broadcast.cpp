@@ -13,6 +13,10 @@ BroadcastPlan plan_broadcast(const std::vector<Shape>& operands, const char* op)
   bool all_full = true;
   for (bool f : plan.operand_is_full) all_full = all_full && f;
   if (all_full) return plan;  // flat
+  if (out.numel() == 0) {       // Eigen cannot broadcast over empty axes; expanding nothing costs nothing
+    plan.kind = BroadcastPlan::Kind::expand;
+    return plan;
+  }
 
   // Right-align every operand against the output; drop size-1 output axes; merge neighbours that broadcast alike.
   const int n = out.rank();
