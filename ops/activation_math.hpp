@@ -33,7 +33,9 @@ template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh(S x) {
 template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh_grad(S x) {
   const S t = std::tanh(S(sqrt_2_over_pi) * (x + S(gelu_tanh_cubic) * x * x * x));
   const S dinner = S(sqrt_2_over_pi) * (S(1) + S(3 * gelu_tanh_cubic) * x * x);
-  return S(0.5) * (S(1) + t) + S(0.5) * x * (S(1) - t * t) * dinner;
+  const S sech2 = S(1) - t * t;
+  // Once tanh saturates sech² is 0, while x·dinner may overflow (in f32 beyond |x| ~ 1e13): 0·inf would be NaN.
+  return S(0.5) * (S(1) + t) + (sech2 == S(0) ? S(0) : S(0.5) * x * sech2 * dinner);
 }
 
 // x·σ(x)
