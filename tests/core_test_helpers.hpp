@@ -11,6 +11,18 @@
 
 namespace tapegrad::test {
 
+// out[i] = f(in[i]), and out[i] = f(a[i], b[i]) for tensors of one shape: plain loops for custom ops in tests.
+template <class F> Tensor<double> map(const Tensor<double>& in, F f) {
+  Tensor<double> out(in.shape());
+  for (std::int64_t i = 0; i < in.numel(); ++i) out.flat(i) = f(in.flat(i));
+  return out;
+}
+template <class F> Tensor<double> zip(const Tensor<double>& a, const Tensor<double>& b, F f) {
+  Tensor<double> out(a.shape());
+  for (std::int64_t i = 0; i < a.numel(); ++i) out.flat(i) = f(a.flat(i), b.flat(i));
+  return out;
+}
+
 // The sum of every element, as a rank-0 Var: one custom node.
 template <class T> Var<T> total(const Var<T>& x) {
   struct Saved {
@@ -24,7 +36,9 @@ template <class T> Var<T> total(const Var<T>& x) {
         for (std::int64_t i = 0; i < in.numel(); ++i) acc += convert<double>(in.flat(i));
         return full<T>({}, acc);
       },
-      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return full<T>(s.shape, convert<double>(dy.item())); },
+      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
+        return full<T>(s.shape, convert<double>(dy.item()));
+      },
       x);
 }
 template <VarExpression E> auto total(const E& e) { return total(e.evaluate()); }

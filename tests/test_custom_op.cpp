@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <tuple>
 
@@ -9,23 +10,13 @@
 
 using namespace tapegrad;
 using test::allclose;
+using test::map;
 using test::total;
+using test::zip;
 
 TYPE_TO_STRING(tapegrad::bf16);
 
 namespace {
-
-// out[i] = f(in[i]) for a plain function on doubles.
-template <class F> Tensor<double> map(const Tensor<double>& in, F f) {
-  Tensor<double> out(in.shape());
-  for (std::int64_t i = 0; i < in.numel(); ++i) out.flat(i) = f(in.flat(i));
-  return out;
-}
-template <class F> Tensor<double> zip(const Tensor<double>& a, const Tensor<double>& b, F f) {
-  Tensor<double> out(a.shape());
-  for (std::int64_t i = 0; i < a.numel(); ++i) out.flat(i) = f(a.flat(i), b.flat(i));
-  return out;
-}
 
 // x³, written as a user would with the custom-op API.
 Var<double> cube(const Var<double>& x) {
@@ -175,7 +166,8 @@ TEST_CASE("NeedsGrad says which inputs require grad, and an undefined gradient c
   // An undefined gradient for an input that does require grad is a zero gradient: nothing is added.
   Var<double> q = param(randn<double>({3}, 9));
   Var<double> y = custom_op<Saved>(
-      "no_grad_for_first", [](Saved&, const Tensor<double>& u, const Tensor<double>& v) { return zip(u, v, std::plus<>()); },
+      "no_grad_for_first",
+      [](Saved&, const Tensor<double>& u, const Tensor<double>& v) { return zip(u, v, std::plus<>()); },
       [](const Saved&, const NeedsGrad&, const Tensor<double>& dz) { return std::make_tuple(Tensor<double>(), dz); },
       q, p);
   p.zero_grad();

@@ -88,8 +88,8 @@ TEST_CASE("the broadcast plan merges axes and falls back to expanding beyond fou
   CHECK(both.output == Shape{3, 4});
   CHECK(plan_broadcast({{3, 1, 1, 5}, {1, 4, 2, 1}}, "op").kind == BroadcastPlan::Kind::broadcast);
   CHECK(plan_broadcast({{2, 1, 2, 1, 2, 1}, {1, 2, 1, 2, 1, 2}}, "op").kind == BroadcastPlan::Kind::expand);
-  CHECK_THROWS_WITH_AS(plan_broadcast({{2, 3}, {4, 3}}, "op"), "op: shapes [2, 3] and [4, 3] cannot be broadcast together",
-                       Error);
+  CHECK_THROWS_WITH_AS(plan_broadcast({{2, 3}, {4, 3}}, "op"),
+                       "op: shapes [2, 3] and [4, 3] cannot be broadcast together", Error);
 }
 
 TEST_CASE("three operands with mixed broadcasting pass gradcheck") {
@@ -103,7 +103,8 @@ TEST_CASE("three operands with mixed broadcasting pass gradcheck") {
   CHECK(gradcheck(f, {test::sample<double>({2, 1, 2, 1, 2, 1}, 4, Domain::away_from_zero),
                       randn<double>({1, 2, 1, 2, 1, 2}, 5), randn<double>({2, 2, 2, 2, 2, 2}, 6)}));
   // Rank 0 with rank 0, and rank 0 broadcast against a 3-d operand.
-  CHECK(gradcheck(f, {test::sample<double>({}, 7, Domain::away_from_zero), randn<double>({}, 8), randn<double>({}, 9)}));
+  CHECK(gradcheck(f, {test::sample<double>({}, 7, Domain::away_from_zero), randn<double>({}, 8),
+                      randn<double>({}, 9)}));
   CHECK(gradcheck(f, {test::sample<double>({}, 10, Domain::away_from_zero), randn<double>({2, 3, 2}, 11),
                       randn<double>({3, 1}, 12)}));
 }
@@ -131,7 +132,8 @@ TEST_CASE_TEMPLATE("a fused expression in low precision follows the double resul
   const Var<double> y_double = eval(f(constant(cast<double>(a)), constant(cast<double>(b)), constant(cast<double>(c))));
   CHECK(allclose(y.value(), y_double.value(), tol.rtol, tol.atol));
   const auto grads = test::gradients<T>(f, dy, a, b, c);
-  const auto grads_double = test::gradients<double>(f, cast<double>(dy), cast<double>(a), cast<double>(b), cast<double>(c));
+  const auto grads_double =
+      test::gradients<double>(f, cast<double>(dy), cast<double>(a), cast<double>(b), cast<double>(c));
   // The gradients of broadcast operands are sums of up to 30 terms, accumulated in f32 and rounded once.
   for (std::size_t k = 0; k < 3; ++k) {
     CAPTURE(k);
@@ -234,7 +236,8 @@ TEST_CASE("only the operands that require grad receive a gradient") {
 }
 
 TEST_CASE("shapes that do not broadcast throw naming the expression and the shapes") {
-  Var<double> a = param(randn<double>({2, 3}, 1)), b = param(randn<double>({4, 3}, 2)), c = param(randn<double>({3}, 3));
+  Var<double> a = param(randn<double>({2, 3}, 1)), b = param(randn<double>({4, 3}, 2));
+  Var<double> c = param(randn<double>({3}, 3));
   CHECK_THROWS_WITH_AS(eval(a + b), "add(x0, x1): operand shapes [2, 3] [4, 3] cannot be broadcast together", Error);
   CHECK_THROWS_WITH_AS(eval(exp(c) * (a - b) + 1.0),
                        "add_scalar(mul(exp(x0), sub(x1, x2))): operand shapes [3] [2, 3] [4, 3] cannot be broadcast "

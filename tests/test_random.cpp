@@ -17,7 +17,8 @@ TYPE_TO_STRING(tapegrad::f16);
 namespace {
 
 template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
+  const std::size_t bytes = static_cast<std::size_t>(a.numel()) * sizeof(T);
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), bytes) == 0;
 }
 
 template <class T> std::int64_t count_equal(const Tensor<T>& a, const Tensor<T>& b) {
