@@ -115,23 +115,17 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
   std::array<Shape, sizeof...(Rs)> output_shapes_;
 };
 
+inline void check_input(const std::string& name, std::size_t i, const VarSlot& slot) {
+  if (const char* why = unusable_input_reason(slot)) {
+    throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() + why);
+  }
+}
 template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
-  std::size_t i = 0;
-  auto check_one = [&](const VarSlot& slot) {
-    if (const char* why = unusable_input_reason(slot)) {
-      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() + why);
-    }
-    ++i;
-  };
-  (check_one(*inputs.slot()), ...);
+  [[maybe_unused]] std::size_t i = 0;
+  (check_input(name, i++, *inputs.slot()), ...);
 }
 template <class T> void check_inputs(const std::string& name, const std::vector<Var<T>>& inputs) {
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].slot()->is_stale()) {
-      throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + inputs[i].shape().str() +
-                          " was recorded on a tape that has since been cleared; detach() it to reuse its value");
-    }
-  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) check_input(name, i, *inputs[i].slot());
 }
 
 // The node of a custom op over a list of inputs of one dtype, with one output.
