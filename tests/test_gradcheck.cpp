@@ -9,7 +9,6 @@
 #include "tapegrad.hpp"
 
 using namespace tapegrad;
-using test::total;
 using test::zip;
 
 namespace {
@@ -53,7 +52,7 @@ std::string printed(const GradcheckResult& r) {
 TEST_CASE("gradcheck passes correct gradients") {
   CHECK(gradcheck(mul_with_error_fn(1.0), {x3, y3}));
   CHECK(gradcheck(mul_with_error_fn(1.0), {randn<double>({4, 3}, 1), randn<double>({4, 3}, 2)}));
-  CHECK(gradcheck([](const std::vector<Var<double>>& in) { return total(in[0] * exp(in[1])); },
+  CHECK(gradcheck([](const std::vector<Var<double>>& in) { return sum(in[0] * exp(in[1])); },
                   {randn<double>({2, 5}, 3), randn<double>({2, 5}, 4)}));
   CHECK(gradcheck([](const std::vector<Var<double>>& in) { return in[0] * in[0]; }, {randn<double>({}, 5)}));
 }
@@ -88,7 +87,7 @@ TEST_CASE("fast mode passes and fails the same way") {
   const GradcheckOptions fast{.fast_mode = true};
   const std::vector<Tensor<double>> inputs{randn<double>({5, 4}, 6), randn<double>({5, 4}, 7)};
   CHECK(gradcheck(mul_with_error_fn(1.0), inputs, fast));
-  CHECK(gradcheck([](const std::vector<Var<double>>& in) { return total(in[0] * exp(in[1])); }, inputs, fast));
+  CHECK(gradcheck([](const std::vector<Var<double>>& in) { return sum(in[0] * exp(in[1])); }, inputs, fast));
   const GradcheckResult r = gradcheck(mul_with_error_fn(2.0), inputs, fast);
   CHECK_FALSE(r);
   CHECK(r.input_element == -1);

@@ -2,36 +2,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
+#include "support.hpp"
 #include "tapegrad.hpp"
-#include "tensor/eigen.hpp"
 #include "tensor/philox.hpp"
 
 using namespace tapegrad;
-
-TYPE_TO_STRING(tapegrad::bf16);
-TYPE_TO_STRING(tapegrad::f16);
+using test::bitwise_equal;
+using test::ThreadCount;
 
 namespace {
-
-template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
-  const std::size_t bytes = static_cast<std::size_t>(a.numel()) * sizeof(T);
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), bytes) == 0;
-}
 
 template <class T> std::int64_t count_equal(const Tensor<T>& a, const Tensor<T>& b) {
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) n += a.flat(i) == b.flat(i);
   return n;
 }
-
-// Restores the thread count a test changed.
-struct ThreadCountGuard {
-  int previous = num_threads();
-  ~ThreadCountGuard() { set_num_threads(previous); }
-};
 
 struct Moments {
   double mean = 0, stddev = 0, min = INFINITY, max = -INFINITY;
@@ -125,18 +112,16 @@ TEST_CASE("rand_int gives the same values as i32 and i64") {
 }
 
 TEST_CASE("random tensors do not depend on the thread count") {
-  ThreadCountGuard guard;
   const Shape shape{301, 1003};  // large enough to be split across the pool
-  auto draw = [&] {
+  auto draw = [&](int threads) {
+    ThreadCount scope(threads);
     return std::make_tuple(randn<float>(shape, 21), rand_uniform<float>(shape, 21, -1.0, 1.0),
                            rand_int<std::int64_t>(shape, 21, 0, 1 << 20), randn<bf16>(shape, 21));
   };
-  set_num_threads(1);
-  const auto one = draw();
+  const auto one = draw(1);
   for (int threads : {2, 4}) {
     CAPTURE(threads);
-    set_num_threads(threads);
-    const auto many = draw();
+    const auto many = draw(threads);
     CHECK(bitwise_equal(std::get<0>(one), std::get<0>(many)));
     CHECK(bitwise_equal(std::get<1>(one), std::get<1>(many)));
     CHECK(bitwise_equal(std::get<2>(one), std::get<2>(many)));

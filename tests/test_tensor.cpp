@@ -1,16 +1,13 @@
 #include <doctest/doctest.h>
 
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "support.hpp"
 #include "tapegrad.hpp"
 
 using namespace tapegrad;
-
-TYPE_TO_STRING(tapegrad::bf16);
-TYPE_TO_STRING(tapegrad::f16);
 
 TEST_CASE("shapes of rank 0 to 8 keep their dims") {
   std::vector<std::int64_t> dims;
