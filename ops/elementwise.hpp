@@ -77,7 +77,9 @@ struct Log {
 struct Sqrt {
   static const char* name() { return "sqrt"; }
   template <class X> auto forward(const X& x) const { return x.sqrt(); }
-  template <class X, class G> auto backward(const X& x, const G& g) const { return g * x.rsqrt() * expr::scalar_of(x, 0.5); }
+  template <class X, class G> auto backward(const X& x, const G& g) const {
+    return g * x.rsqrt() * expr::scalar_of(x, 0.5);
+  }
 };
 struct Rsqrt {
   static const char* name() { return "rsqrt"; }

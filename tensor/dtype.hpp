@@ -64,9 +64,9 @@ inline constexpr bool is_half_precision_v = std::is_same_v<T, bf16> || std::is_s
 template <class T> using compute_t = std::conditional_t<is_half_precision_v<T>, float, T>;
 
 namespace detail {
-// `v` rounded to f32 with round-to-odd (truncate, then set the last bit when inexact). Rounding that to a format
-// of at most 22 fraction bits gives the correctly rounded result, where rounding to nearest twice would not (a
-// value just above a bf16 tie would first round onto the tie, then down to even).
+// `v` rounded to f32 with round-to-odd (truncate, then set the last bit when inexact). Rounding that to nearest
+// in a format of at most 22 significant bits (bf16 has 8, f16 11) gives the correctly rounded result, where
+// rounding to nearest twice would not: a value just above a bf16 tie would land on the tie, then round to even.
 inline float round_to_odd_float(double v) {
   float f = static_cast<float>(v);
   if (std::isnan(v) || static_cast<double>(f) == v) return f;
