@@ -138,8 +138,10 @@ void check_labels(const Shape& logits, const Tensor<std::int64_t>& labels) {
   const std::int64_t classes = logits.dim(-1);
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     const std::int64_t label = labels.flat(i);
-    check(label >= 0 && label < classes, "cross_entropy", "label ", label, " at position ", position(leading, i),
-          " is out of range for ", classes, " classes (logits of shape ", logits.str(), ")");
+    if (label < 0 || label >= classes) {  // message built only on failure: this runs once per label
+      check(false, "cross_entropy", "label ", label, " at position ", position(leading, i), " is out of range for ",
+            classes, " classes (logits of shape ", logits.str(), ")");
+    }
   }
 }
 
