@@ -1,0 +1,50 @@
+// The README's examples, compiled and run, so that the user's manual stays true.
+#include <doctest/doctest.h>
+
+#include "tapegrad.hpp"
+
+using namespace tapegrad;
+
+namespace {
+struct Saved {
+  Tensor<double> x;
+};
+Var<double> cube(const Var<double>& x) {
+  return custom_op<Saved>(
+      "cube",
+      [](Saved& s, const Tensor<double>& x) {
+        s.x = x;
+        Tensor<double> y(x.shape());
+        for (std::int64_t i = 0; i < x.numel(); ++i) y.flat(i) = x.flat(i) * x.flat(i) * x.flat(i);
+        return y;
+      },
+      [](const Saved& s, const NeedsGrad&, const Tensor<double>& dy) {
+        Tensor<double> dx(s.x.shape());
+        for (std::int64_t i = 0; i < dx.numel(); ++i) dx.flat(i) = 3 * s.x.flat(i) * s.x.flat(i) * dy.flat(i);
+        return dx;
+      },
+      x);
+}
+}  // namespace
+
+TEST_CASE("the README tour runs and fills the gradients") {
+  Var<float> x = param(randn<float>({32, 64}, /*seed=*/1));
+  Var<float> w = param(randn<float>({64, 16}, 2, 0.0, 0.1));
+  Var<float> b = param(zeros<float>({16}));
+  Var<float> gamma = param(ones<float>({64})), beta = param(zeros<float>({64}));
+
+  const std::size_t before = Tape::active().size();
+  Var<float> h = gelu(matmul(layernorm(x, gamma, beta), w) + b);
+  Var<float> loss = mean(square(h));
+  CHECK(Tape::active().size() - before == 5);  // layernorm, matmul, gelu(+b), square, mean
+  backward(loss);
+  CHECK(w.grad().shape() == Shape{64, 16});
+  CHECK(gamma.grad().defined());
+  Tape::active().clear();
+  CHECK(w.grad().defined());
+}
+
+TEST_CASE("the README's custom cube op passes the README's gradcheck") {
+  CHECK(gradcheck([](const std::vector<Var<double>>& in) { return cube(in[0]) * in[1]; },
+                  {randn<double>({3, 4}, 1), randn<double>({4}, 2)}));
+}
