@@ -14,4 +14,5 @@
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"
 #include "tensor/factories.hpp"
+#include "tensor/initializers.hpp"
 #include "tensor/tensor.hpp"

@@ -4,7 +4,7 @@
 #include <bit>
 #include <type_traits>
 
-#include "tensor/eigen.hpp"
+#include "tensor/generate.hpp"
 #include "tensor/philox.hpp"
 
 namespace tapegrad {
@@ -32,21 +32,9 @@ template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Sha
   return t;
 }
 
-namespace {
-// Fills t[i] = draw(i) in parallel; `draw` depends on i alone, so the result does not depend on the chunking.
-template <class T, class Draw> Tensor<T> generate(const Shape& shape, Draw draw) {
-  Tensor<T> t(shape);
-  T* out = t.data();
-  parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) out[i] = draw(static_cast<std::uint64_t>(i));
-  });
-  return t;
-}
-}  // namespace
-
 template <class T> Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean, double stddev) {
   const float m = static_cast<float>(mean), s = static_cast<float>(stddev);
-  return generate<T>(shape, [=](std::uint64_t i) { return convert<T>(m + s * philox::normal(seed, i)); });
+  return detail::generate<T>(shape, [=](std::uint64_t i) { return convert<T>(m + s * philox::normal(seed, i)); });
 }
 
 namespace {
@@ -74,7 +62,7 @@ template <class T> Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed
   // Rounding lo + width·u (u < 1) to f32, then to T, can land on `high`; such values step back below it.
   const T top = largest_below<T>(high);
   const bool half_open = low < high;
-  return generate<T>(shape, [=](std::uint64_t i) {
+  return detail::generate<T>(shape, [=](std::uint64_t i) {
     const T v = convert<T>(lo + width * philox::uniform(seed, i));
     return half_open && !(convert<double>(v) < high) ? top : v;
   });
@@ -83,7 +71,8 @@ template <class T> Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed
 template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high) {
   check(low < high, "rand_int", "empty range [", low, ", ", high, ")");
   check(high - low <= (std::int64_t{1} << 32), "rand_int", "range [", low, ", ", high, ") is wider than 2^32");
-  return generate<T>(shape, [=](std::uint64_t i) { return static_cast<T>(philox::integer(seed, i, low, high)); });
+  return detail::generate<T>(shape,
+                             [=](std::uint64_t i) { return static_cast<T>(philox::integer(seed, i, low, high)); });
 }
 
 #define TAPEGRAD_INSTANTIATE_FACTORIES(T)                                                \

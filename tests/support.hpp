@@ -1,9 +1,10 @@
-// Helpers for the op tests: comparing a result with a double reference under a tolerance, bitwise comparison, and
-// running a block with a given thread count.
+// Helpers for the op tests: comparing a result with a double reference under a tolerance, bitwise comparison, the
+// moments of a tensor's values, and running a block with a given thread count.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,26 @@ template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& 
 template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() &&
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
+}
+
+// Mean, standard deviation and range of a tensor's values, in double.
+struct Moments {
+  double mean = 0, stddev = 0, min = INFINITY, max = -INFINITY;
+};
+template <class T> Moments moments(const Tensor<T>& t) {
+  Moments m;
+  double sum = 0, sum_sq = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double v = convert<double>(t.flat(i));
+    sum += v;
+    sum_sq += v * v;
+    m.min = std::min(m.min, v);
+    m.max = std::max(m.max, v);
+  }
+  const double n = static_cast<double>(t.numel());
+  m.mean = sum / n;
+  m.stddev = std::sqrt(std::max(0.0, sum_sq / n - m.mean * m.mean));
+  return m;
 }
 
 // Sets the pool's thread count for the scope's lifetime.

@@ -10,6 +10,8 @@
 
 using namespace tapegrad;
 using test::bitwise_equal;
+using test::moments;
+using test::Moments;
 using test::ThreadCount;
 
 namespace {
@@ -18,25 +20,6 @@ template <class T> std::int64_t count_equal(const Tensor<T>& a, const Tensor<T>&
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) n += a.flat(i) == b.flat(i);
   return n;
-}
-
-struct Moments {
-  double mean = 0, stddev = 0, min = INFINITY, max = -INFINITY;
-};
-template <class T> Moments moments(const Tensor<T>& t) {
-  Moments m;
-  double sum = 0, sum_sq = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const double v = convert<double>(t.flat(i));
-    sum += v;
-    sum_sq += v * v;
-    m.min = std::min(m.min, v);
-    m.max = std::max(m.max, v);
-  }
-  const double n = static_cast<double>(t.numel());
-  m.mean = sum / n;
-  m.stddev = std::sqrt(sum_sq / n - m.mean * m.mean);
-  return m;
 }
 
 }  // namespace

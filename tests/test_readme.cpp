@@ -48,3 +48,12 @@ TEST_CASE("the README's custom cube op passes the README's gradcheck") {
   CHECK(gradcheck([](const std::vector<Var<double>>& in) { return cube(in[0]) * in[1]; },
                   {randn<double>({3, 4}, 1), randn<double>({4}, 2)}));
 }
+
+TEST_CASE("the README's initializers make bf16 parameters directly") {
+  Tensor<bf16> w = Initializer::he_normal().make<bf16>({256, 1024}, /*seed=*/1);
+  CHECK(w.dtype() == DType::bf16);
+  Tensor<bf16> stacked =
+      Initializer::glorot_uniform().make<bf16>({64, 2, 96}, 2, {.in = {0}, .out = {2}, .batch = {1}});
+  CHECK(stacked.shape() == Shape{64, 2, 96});
+  CHECK(Initializer::he_normal().name() == "he_normal = variance_scaling(2, fan_in, truncated_normal)");
+}
