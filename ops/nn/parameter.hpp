@@ -1,0 +1,32 @@
+// A parameter of any floating dtype, named by its path in a model ("block0.mlp.w1"): what modules report, what
+// summary() lists and what optimizers update. A Var is a handle, so updating `var`'s value updates the module's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "autodiff/var.hpp"
+
+namespace tapegrad::nn {
+
+using AnyVar = std::variant<Var<float>, Var<double>, Var<bf16>, Var<f16>>;
+
+struct NamedParameter {
+  std::string path;
+  AnyVar var;
+
+  DType dtype() const {
+    return std::visit([](const auto& v) { return v.dtype(); }, var);
+  }
+  const Shape& shape() const {
+    return std::visit([](const auto& v) -> const Shape& { return v.shape(); }, var);
+  }
+  std::int64_t numel() const { return shape().numel(); }
+  std::int64_t bytes() const { return numel() * static_cast<std::int64_t>(dtype_size(dtype())); }
+};
+
+using ParameterList = std::vector<NamedParameter>;
+
+}  // namespace tapegrad::nn
