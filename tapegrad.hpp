@@ -9,6 +9,7 @@
 #include "ops/cast.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/layernorm_mlp.hpp"
+#include "ops/layernorm_mlp_composite.hpp"
 #include "ops/layout.hpp"
 #include "ops/loss.hpp"
 #include "ops/matmul.hpp"
