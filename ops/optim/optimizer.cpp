@@ -1,6 +1,7 @@
 #include "ops/optim/optimizer.hpp"
 
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -32,6 +33,8 @@ Optimizer::Optimizer(std::string name, nn::ParameterList parameters, int state_b
       parameters_(std::move(parameters)),
       states_(parameters_.size()),
       state_buffers_(state_buffers) {
+  check(state_buffers >= 0 && state_buffers <= max_state_buffers, name_, "an optimizer keeps at most ",
+        max_state_buffers, " state buffers per parameter, asked for ", state_buffers);
   std::unordered_map<const void*, const std::string*> seen;
   for (const nn::NamedParameter& p : parameters_) {
     check(identity(p.var) != nullptr, name_, "parameter '", p.path, "' is an undefined Var");
