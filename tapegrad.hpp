@@ -14,6 +14,8 @@
 #include "ops/loss.hpp"
 #include "ops/matmul.hpp"
 #include "ops/norm.hpp"
+#include "ops/optim/adam.hpp"
+#include "ops/optim/sgd.hpp"
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"
 #include "tensor/factories.hpp"
