@@ -19,5 +19,6 @@
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"
 #include "tensor/factories.hpp"
+#include "tensor/host_memory.hpp"
 #include "tensor/initializers.hpp"
 #include "tensor/tensor.hpp"

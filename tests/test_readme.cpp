@@ -57,3 +57,25 @@ TEST_CASE("the README's initializers make bf16 parameters directly") {
   CHECK(stacked.shape() == Shape{64, 2, 96});
   CHECK(Initializer::he_normal().name() == "he_normal = variance_scaling(2, fan_in, truncated_normal)");
 }
+
+TEST_CASE("the README's layernorm_mlp example records one node and gives f32 gradients") {
+  const std::int64_t H = 256, F = 1024;
+  Var<bf16> x = param(randn<bf16>({4, 16, H}, 1));
+  Var<float> gamma = param(ones<float>({H})), beta = param(zeros<float>({H}));
+  Var<float> w1 = param(Initializer::lecun_normal().make<float>({H, 2, F}, 2, {.in = {0}, .out = {2}, .batch = {1}}));
+  Var<float> w2 = param(Initializer::lecun_normal().make<float>({F, H}, 3));
+  Var<float> b1 = param(zeros<float>({2, F})), b2 = param(zeros<float>({H}));
+
+  const std::size_t before = Tape::active().size();
+  auto [y, h] = layernorm_mlp(x, gamma, beta, {w1, w2}, {b1, b2},
+                              {.activation = Activation::swiglu,
+                               .return_layernorm_output = true,
+                               .recompute = Recompute::recompute_norm});
+  CHECK(Tape::active().size() - before == 1);
+  CHECK(y.shape() == Shape{4, 16, H});
+  CHECK(h.dtype() == DType::bf16);
+  backward(sum(y));
+  CHECK(w1.grad().shape() == Shape{H, 2, F});
+  CHECK(x.grad().defined());
+  Tape::active().clear();
+}
