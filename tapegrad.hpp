@@ -10,6 +10,7 @@
 #include "ops/layout.hpp"
 #include "ops/loss.hpp"
 #include "ops/matmul.hpp"
+#include "ops/nn/nn.hpp"
 #include "ops/norm.hpp"
 #include "ops/reduce.hpp"
 #include "ops/softmax.hpp"
