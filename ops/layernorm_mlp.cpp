@@ -1,0 +1,413 @@
+// layernorm_mlp on the CPU: one tape node whose backward computes every gradient directly.
+//
+// With M rows (x's leading dims flattened), W1 viewed as [H, n·F] and z as [M, n·F]:
+//
+//   forward                                  backward (dy [M, H])
+//   h  = norm(x)          [M, H]   stats    db2 = Σ_rows dy
+//   z  = h · W1 + b1      [M, nF]           da  = dy · W2ᵀ                    [M, F]
+//   a  = act(z)           [M, F]            a, dz = act(z), da · ∂a/∂z        one pass over z; db1 = Σ_rows dz
+//   y  = a · W2 + b2      [M, H]            dW2 = aᵀ · dy,  dW1 = hᵀ · dz
+//                                           dh  = dz · W1ᵀ (+ the gradient of the returned h)
+//                                           dx, dγ, dβ = norm backward of dh
+//
+// Each stage rounds to the compute dtype T once, as the composite of primitive ops does; inside a stage (the
+// products, the bias adds, the activation and its derivative, every sum over rows) values are in C = compute_t<T>.
+// The biases enter the products as their initial C (beta = 1), so the add costs no pass of its own. Parameter
+// gradients are accumulated in C and rounded once to the parameter dtype P.
+//
+// Saved (the context): x (shared with the input), the norm's mean and rstd per row, γ and β in C, W1, W2 and the
+// biases rounded to T (the parameters themselves when P = T), and by policy h and z. a is never saved: the
+// backward's pass over z produces it next to ∂a/∂z at the cost of one activation evaluation. Recomputed h and z
+// come from the same functions with the same statistics, so every policy gives bitwise identical gradients.
+#include "ops/layernorm_mlp.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "autodiff/custom_op.hpp"
+#include "ops/gemm.hpp"
+#include "ops/mlp_activation.hpp"
+#include "ops/norm_rows.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+constexpr const char* op_name = "layernorm_mlp";
+
+struct ActivationEntry {
+  Activation activation;
+  std::string_view name;
+  bool gated;
+};
+constexpr std::array<ActivationEntry, 12> activation_table{{
+    {Activation::relu, "relu", false},
+    {Activation::gelu, "gelu", false},
+    {Activation::silu, "silu", false},
+    {Activation::quick_gelu, "quick_gelu", false},
+    {Activation::squared_relu, "squared_relu", false},
+    {Activation::reglu, "reglu", true},
+    {Activation::geglu, "geglu", true},
+    {Activation::swiglu, "swiglu", true},
+    {Activation::glu, "glu", true},
+    {Activation::qgeglu, "qgeglu", true},
+    {Activation::sreglu, "sreglu", true},
+    {Activation::clamped_swiglu, "clamped_swiglu", true},
+}};
+
+const ActivationEntry& entry_of(Activation activation) {
+  for (const ActivationEntry& e : activation_table) {
+    if (e.activation == activation) return e;
+  }
+  throw Error(std::string(op_name) + ": unknown activation " + std::to_string(static_cast<int>(activation)));
+}
+
+struct Dims {
+  std::int64_t rows, hidden, ffn, width;  // M, H, F, n
+};
+
+template <class T, class P>
+Dims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta, const MLPKernels<P>& kernels,
+                         const MLPBiases<P>& biases, const LayerNormMLPOptions& options) {
+  const auto& act = entry_of(options.activation);
+  check(x.defined() && gamma.defined() && kernels.w1.defined() && kernels.w2.defined(), op_name,
+        "x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)");
+  const Shape& xs = x.shape();
+  check(xs.rank() >= 1 && xs.dim(-1) > 0, op_name, "x must have a non-empty last (hidden) axis, got shape ", xs);
+  check(options.epsilon > 0, op_name, "epsilon must be positive, got ", options.epsilon);
+  check(options.norm == NormType::layernorm || !beta.defined(), op_name,
+        "rmsnorm has no beta, but one of shape ", beta.defined() ? beta.shape().str() : "", " was given");
+  if (options.activation == Activation::clamped_swiglu) {
+    check(options.clamped_swiglu.limit > 0, op_name, "clamped_swiglu needs a positive limit, got ",
+          options.clamped_swiglu.limit);
+  }
+  const std::int64_t H = xs.dim(-1), n = act.gated ? 2 : 1;
+  const Shape hidden_vector{H};
+  check(gamma.shape() == hidden_vector, op_name, "gamma has shape ", gamma.shape(), " but x has shape ", xs,
+        "; expected ", hidden_vector);
+  if (beta.defined()) {
+    check(beta.shape() == hidden_vector, op_name, "beta has shape ", beta.shape(), " but x has shape ", xs,
+          "; expected ", hidden_vector);
+  }
+  const Shape& w1 = kernels.w1.shape();
+  check(w1.rank() == 3 && w1.dim(0) == H && w1.dim(1) == n && w1.dim(2) > 0, op_name, "w1 has shape ", w1,
+        " but x has hidden size ", H, " and activation ", act.name, " needs [", H, ", ", n, ", F]");
+  const std::int64_t F = w1.dim(2);
+  check(kernels.w2.shape() == Shape{F, H}, op_name, "w2 has shape ", kernels.w2.shape(), " but w1 has shape ", w1,
+        " and x has shape ", xs, "; expected ", Shape{F, H});
+  if (biases.b1.defined()) {
+    check(biases.b1.shape() == Shape{n, F}, op_name, "b1 has shape ", biases.b1.shape(), " but w1 has shape ", w1,
+          "; expected ", Shape{n, F});
+  }
+  if (biases.b2.defined()) {
+    check(biases.b2.shape() == hidden_vector, op_name, "b2 has shape ", biases.b2.shape(), " but x has shape ", xs,
+          "; expected ", hidden_vector);
+  }
+  return {xs.numel() / H, H, F, n};
+}
+
+template <class T> struct MlpContext {
+  using C = compute_t<T>;
+  LayerNormMLPOptions options;
+  Dims dims{};
+  detail::NormRows<T> norm;
+  Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent
+  Tensor<T> h, z;            // [M, H] and [M, nF], kept by policy
+};
+
+// z = h · W1 + b1, rounded to T once.
+template <class T> Tensor<T> first_product(const MlpContext<T>& c, const Tensor<T>& h) {
+  const auto [M, H, F, n] = c.dims;
+  Tensor<T> z(Shape{M, n * F});
+  if (c.b1.defined()) {
+    for (std::int64_t r = 0; r < M; ++r) std::copy_n(c.b1.data(), n * F, z.data() + r * n * F);
+  }
+  gemm<T>(Transpose::no, Transpose::no, M, n * F, H, 1, h.data(), H, c.w1.data(), n * F, c.b1.defined() ? 1 : 0,
+          z.data(), n * F);
+  return z;
+}
+
+// The norm output h [M, H], recomputed bitwise when the policy did not keep it.
+template <class T> Tensor<T> norm_output(const MlpContext<T>& c) {
+  if (c.h.defined()) return c.h;
+  Tensor<T> h(Shape{c.dims.rows, c.dims.hidden});
+  c.norm.apply_rows(h.data());
+  return h;
+}
+
+template <class C, class T> detail::Row<C> widened(const T* values, std::int64_t n) {
+  return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(values, n).template cast<C>();
+}
+template <class T, class C> void store_row(const detail::Row<C>& values, T* out) {
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, values.size()) = values.template cast<T>();
+}
+
+// a = act(z) [M, F].
+template <class T> Tensor<T> activation_forward(const MlpContext<T>& c, const Tensor<T>& z) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = c.dims;
+  Tensor<T> a(Shape{M, F});
+  detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
+    constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
+    parallel_for(M, 20 * n * F, [&](std::int64_t begin, std::int64_t end) {
+      detail::Row<C> value(F), gate_value(F);
+      for (std::int64_t r = begin; r < end; ++r) {
+        const T* zr = z.data() + r * n * F;
+        fn(widened<C>(zr, F), value, nullptr);
+        if constexpr (gated) {
+          gate(widened<C>(zr + F, F), gate_value, nullptr);
+          value *= gate_value;
+        }
+        store_row(value, a.data() + r * F);
+      }
+    });
+  });
+  return a;
+}
+
+// From z and da: a = act(z) [M, F] and dz = da · ∂a/∂z [M, nF]; returns db1 = Σ_rows dz in C (empty unless
+// asked for).
+template <class T>
+std::vector<compute_t<T>> activation_backward(const MlpContext<T>& c, const Tensor<T>& z, const Tensor<T>& da,
+                                              Tensor<T>& a, Tensor<T>& dz, bool need_db1) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = c.dims;
+  return detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
+    constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
+    return detail::blocked_row_sum<C>(
+        M, need_db1 ? n * F : 0, 30 * n * F, [&](std::int64_t begin, std::int64_t end, C* db1) {
+          detail::Row<C> value(F), grad(F), gate_value(F), gate_grad(F), dz0(F), dz1(F);
+          for (std::int64_t r = begin; r < end; ++r) {
+            const T* zr = z.data() + r * n * F;
+            const detail::Row<C> dar = widened<C>(da.data() + r * F, F);
+            fn(widened<C>(zr, F), value, &grad);
+            if constexpr (gated) {
+              gate(widened<C>(zr + F, F), gate_value, &gate_grad);
+              dz0 = dar * gate_value * grad;
+              dz1 = dar * value * gate_grad;
+              value *= gate_value;
+              store_row(dz1, dz.data() + r * n * F + F);
+              if (need_db1) Eigen::Map<detail::Row<C>>(db1 + F, F) += dz1;
+            } else {
+              dz0 = dar * grad;
+            }
+            store_row(value, a.data() + r * F);
+            store_row(dz0, dz.data() + r * n * F);
+            if (need_db1) Eigen::Map<detail::Row<C>>(db1, F) += dz0;
+          }
+        });
+  });
+}
+
+// Σ_rows of t [M, width] in C.
+template <class T> std::vector<compute_t<T>> column_sums(const Tensor<T>& t, std::int64_t rows, std::int64_t width) {
+  using C = compute_t<T>;
+  return detail::blocked_row_sum<C>(rows, width, width, [&](std::int64_t begin, std::int64_t end, C* sums) {
+    Eigen::Map<detail::Row<C>> total(sums, width);
+    for (std::int64_t r = begin; r < end; ++r) total += widened<C>(t.data() + r * width, width);
+  });
+}
+
+// Aᵀ · B over M rows, in C: A [M, K1], B [M, K2] → [K1, K2]. The weight gradients keep C's precision until they
+// are rounded to the parameter dtype.
+template <class T>
+Tensor<compute_t<T>> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1,
+                                     std::int64_t k2) {
+  using C = compute_t<T>;
+  const Tensor<C> ac = cast<C>(a), bc = cast<C>(b);
+  Tensor<C> out(Shape{k1, k2});
+  gemm<C>(Transpose::yes, Transpose::no, k1, k2, M, 1, ac.data(), k1, bc.data(), k2, 0, out.data(), k2);
+  return out;
+}
+
+template <class T> struct MlpForward {
+  Tensor<T> y, h;  // [M, H] each
+};
+
+template <class T> MlpForward<T> mlp_forward(MlpContext<T>& c) {
+  const auto [M, H, F, n] = c.dims;
+  Tensor<T> h(Shape{M, H});
+  c.norm.forward(c.options.epsilon, h.data());
+  Tensor<T> z = first_product(c, h);
+  const Tensor<T> a = activation_forward(c, z);
+  Tensor<T> y(Shape{M, H});
+  if (c.b2.defined()) {
+    for (std::int64_t r = 0; r < M; ++r) std::copy_n(c.b2.data(), H, y.data() + r * H);
+  }
+  gemm<T>(Transpose::no, Transpose::no, M, H, F, 1, a.data(), F, c.w2.data(), H, c.b2.defined() ? 1 : 0, y.data(), H);
+  if (c.options.recompute == Recompute::save_all) c.h = h;
+  if (c.options.recompute != Recompute::recompute_all) c.z = z;
+  return {y, h};
+}
+
+// Which inputs need a gradient, in the node's input order.
+struct MlpNeeds {
+  bool x, gamma, beta, w1, b1, w2, b2;
+};
+
+template <class T> struct MlpGrads {
+  using C = compute_t<T>;
+  Tensor<T> dx;
+  std::vector<C> dgamma_dbeta, db1, db2;
+  Tensor<C> dw1, dw2;
+};
+
+// dy and, with return_layernorm_output, dh_out [M, H] are the gradients of y and of the returned h.
+template <class T>
+MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tensor<T>* dh_out, const MlpNeeds& need) {
+  const auto [M, H, F, n] = c.dims;
+  MlpGrads<T> g;
+  if (need.b2) g.db2 = column_sums(dy, M, H);
+  const bool need_dh = need.x || need.gamma || need.beta;
+  const bool need_dz = need_dh || need.w1 || need.b1;
+  if (!need_dz && !need.w2) return g;
+
+  const Tensor<T> h = norm_output(c);
+  const Tensor<T> z = c.z.defined() ? c.z : first_product(c, h);
+  Tensor<T> a(Shape{M, F}), dz;
+  if (need_dz) {
+    Tensor<T> da(Shape{M, F});
+    gemm<T>(Transpose::no, Transpose::yes, M, F, H, 1, dy.data(), H, c.w2.data(), H, 0, da.data(), F);
+    dz = Tensor<T>(Shape{M, n * F});
+    g.db1 = activation_backward(c, z, da, a, dz, need.b1);
+  } else {
+    a = activation_forward(c, z);
+  }
+  if (need.w2) g.dw2 = weight_gradient(a, dy, M, F, H);
+  if (need.w1) g.dw1 = weight_gradient(h, dz, M, H, n * F);
+  if (need_dh) {
+    Tensor<T> dh(Shape{M, H});
+    if (dh_out) std::copy_n(dh_out->data(), M * H, dh.data());
+    gemm<T>(Transpose::no, Transpose::yes, M, H, n * F, 1, dz.data(), n * F, c.w1.data(), n * F, dh_out ? 1 : 0,
+            dh.data(), H);
+    auto norm_grads = detail::norm_backward(c.norm, dh, need.x, need.gamma, need.beta);
+    g.dx = norm_grads.dx;
+    g.dgamma_dbeta = std::move(norm_grads.dgamma_dbeta);
+  }
+  return g;
+}
+
+template <class P, class C> Tensor<P> to_param(const std::vector<C>& values, std::size_t offset, const Shape& shape) {
+  return detail::rounded_tensor<P>(values.data() + offset, shape);
+}
+template <class P, class C> Tensor<P> to_param(const Tensor<C>& values, const Shape& shape) {
+  return detail::rounded_tensor<P>(values.data(), shape);
+}
+
+// Records the node; with WithNorm it has a second output, h.
+template <bool WithNorm, class T, class P>
+auto record_layernorm_mlp(const Dims& dims, const LayerNormMLPOptions& options, const Var<T>& x,
+                          const Var<P>& gamma, const Var<P>& beta, const Var<P>& w1, const Var<P>& b1,
+                          const Var<P>& w2, const Var<P>& b2, bool has_beta, bool has_b1, bool has_b2) {
+  const Shape x_shape = x.shape();
+  auto forward = [&](MlpContext<T>& c, const Tensor<T>& xv, const Tensor<P>& gv, const Tensor<P>& bv,
+                     const Tensor<P>& w1v, const Tensor<P>& b1v, const Tensor<P>& w2v, const Tensor<P>& b2v) {
+    c.options = options;
+    c.dims = dims;
+    c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
+                                 options.zero_centered_gamma);
+    c.w1 = cast<T>(w1v);
+    c.w2 = cast<T>(w2v);
+    if (has_b1) c.b1 = cast<T>(b1v);
+    if (has_b2) c.b2 = cast<T>(b2v);
+    MlpForward<T> out = mlp_forward(c);
+    if constexpr (WithNorm) {
+      return std::tuple{out.y.reshape(x_shape), out.h.reshape(x_shape)};
+    } else {
+      return out.y.reshape(x_shape);
+    }
+  };
+  auto backward = [=](const MlpContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy, const auto&... dh) {
+    const Tensor<T>* dh_out = nullptr;
+    ((dh_out = &dh), ...);
+    const MlpNeeds need{needs[0], needs[1], has_beta && needs[2], needs[3], has_b1 && needs[4], needs[5],
+                        has_b2 && needs[6]};
+    const MlpGrads<T> g = mlp_backward(c, dy, dh_out, need);
+    const auto [M, H, F, n] = c.dims;
+    auto param = [](bool wanted, auto make) { return wanted ? make() : Tensor<P>(); };
+    return std::tuple{
+        need.x ? g.dx.reshape(x_shape) : Tensor<T>(),
+        param(need.gamma, [&] { return to_param<P>(g.dgamma_dbeta, 0, Shape{H}); }),
+        param(need.beta, [&] { return to_param<P>(g.dgamma_dbeta, H, Shape{H}); }),
+        param(need.w1, [&] { return to_param<P>(g.dw1, Shape{H, n, F}); }),
+        param(need.b1, [&] { return to_param<P>(g.db1, 0, Shape{n, F}); }),
+        param(need.w2, [&] { return to_param<P>(g.dw2, Shape{F, H}); }),
+        param(need.b2, [&] { return to_param<P>(g.db2, 0, Shape{H}); }),
+    };
+  };
+  if constexpr (WithNorm) {
+    return custom_op<MlpContext<T>>(
+        op_name, forward,
+        [backward](const MlpContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy, const Tensor<T>& dh) {
+          return backward(c, needs, dy, dh);
+        },
+        x, gamma, beta, w1, b1, w2, b2);
+  } else {
+    return custom_op<MlpContext<T>>(
+        op_name, forward,
+        [backward](const MlpContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy) {
+          return backward(c, needs, dy);
+        },
+        x, gamma, beta, w1, b1, w2, b2);
+  }
+}
+
+}  // namespace
+
+std::string_view activation_name(Activation activation) { return entry_of(activation).name; }
+
+Activation activation_from_name(std::string_view name) {
+  std::string names;
+  for (const ActivationEntry& e : activation_table) {
+    if (e.name == name) return e.activation;
+    names += (names.empty() ? "" : ", ") + std::string(e.name);
+  }
+  throw Error(std::string(op_name) + ": unknown activation '" + std::string(name) + "'; expected one of " + names);
+}
+
+bool is_gated(Activation activation) { return entry_of(activation).gated; }
+
+std::string_view recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::save_all: return "save_all";
+    case Recompute::recompute_norm: return "recompute_norm";
+    case Recompute::recompute_all: return "recompute_all";
+  }
+  return "?";
+}
+
+template <class T, class P>
+LayerNormMLPOutput<T> layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
+                                    const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
+                                    const LayerNormMLPOptions& options) {
+  const Dims dims = check_layernorm_mlp(x, gamma, beta, kernels, biases, options);
+  // Absent inputs take the place of an empty constant: one node type serves every combination.
+  const Var<P> absent = constant(Tensor<P>(Shape{0}));
+  auto or_absent = [&](const Var<P>& v) { return v.defined() ? v : absent; };
+  const bool has_beta = beta.defined(), has_b1 = biases.b1.defined(), has_b2 = biases.b2.defined();
+  if (options.return_layernorm_output) {
+    auto [y, h] = record_layernorm_mlp<true>(dims, options, x, gamma, or_absent(beta), kernels.w1,
+                                             or_absent(biases.b1), kernels.w2, or_absent(biases.b2), has_beta,
+                                             has_b1, has_b2);
+    return {y, h};
+  }
+  return {record_layernorm_mlp<false>(dims, options, x, gamma, or_absent(beta), kernels.w1, or_absent(biases.b1),
+                                      kernels.w2, or_absent(biases.b2), has_beta, has_b1, has_b2),
+          {}};
+}
+
+#define TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_PARAMS(T, P)                                                   \
+  template LayerNormMLPOutput<T> layernorm_mlp<T, P>(const Var<T>&, const Var<P>&, const Var<P>&,         \
+                                                     const MLPKernels<P>&, const MLPBiases<P>&,           \
+                                                     const LayerNormMLPOptions&);
+#define TAPEGRAD_INSTANTIATE_LAYERNORM_MLP(T)                 \
+  TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_PARAMS(T, float)         \
+  TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_PARAMS(T, double)        \
+  TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_PARAMS(T, ::tapegrad::bf16) \
+  TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_PARAMS(T, ::tapegrad::f16)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_LAYERNORM_MLP)
+
+}  // namespace tapegrad

@@ -1,0 +1,457 @@
+// layernorm_mlp: the one-node block against the composite of primitive ops, gradchecks over every option,
+// recompute policies, mixed precision, low precision against a double reference, and errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+#include "tapegrad.hpp"
+
+using namespace tapegrad;
+using test::Tolerance;
+
+namespace {
+
+constexpr Activation all_activations[] = {
+    Activation::relu,   Activation::gelu,   Activation::silu,  Activation::quick_gelu,
+    Activation::squared_relu, Activation::reglu, Activation::geglu, Activation::swiglu,
+    Activation::glu,    Activation::qgeglu, Activation::sreglu, Activation::clamped_swiglu,
+};
+constexpr Recompute all_policies[] = {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all};
+
+// The block's parameters; beta, b1 and b2 are undefined when absent.
+template <class P> struct Params {
+  Var<P> gamma, beta, w1, b1, w2, b2;
+  MLPKernels<P> kernels() const { return {w1, w2}; }
+  MLPBiases<P> biases() const { return {b1, b2}; }
+};
+
+struct Case {
+  LayerNormMLPOptions options;
+  bool biases = true;
+  bool has_beta() const { return options.norm == NormType::layernorm && biases; }
+};
+
+// Fresh random parameters in P for x's hidden size H and ffn size F; the scales keep z in the activations' curved
+// range.
+template <class P> Params<P> make_params(const Case& c, std::int64_t H, std::int64_t F, std::uint64_t seed) {
+  const std::int64_t n = activation_width(c.options.activation);
+  Params<P> p;
+  p.gamma = param(randn<P>({H}, seed, c.options.zero_centered_gamma ? 0.0 : 1.0, 0.3));
+  if (c.has_beta()) p.beta = param(randn<P>({H}, seed + 1, 0.0, 0.3));
+  p.w1 = param(randn<P>({H, n, F}, seed + 2, 0.0, 1.0 / std::sqrt(double(H))));
+  p.w2 = param(randn<P>({F, H}, seed + 3, 0.0, 1.0 / std::sqrt(double(F))));
+  if (c.biases) {
+    p.b1 = param(randn<P>({n, F}, seed + 4, 0.0, 0.3));
+    p.b2 = param(randn<P>({H}, seed + 5, 0.0, 0.3));
+  }
+  return p;
+}
+
+// The same block from primitive ops, each its own tape node.
+template <class T> Var<T> composite_activation(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
+  const Var<T> z0 = slice(z, -1, 0, F);
+  auto gate = [&] { return slice(z, -1, F, 2 * F); };
+  switch (o.activation) {
+    case Activation::relu: return relu(z0);
+    case Activation::gelu: return gelu_tanh(z0);
+    case Activation::silu: return silu(z0);
+    case Activation::quick_gelu: return quick_gelu(z0);
+    case Activation::squared_relu: return squared_relu(z0);
+    case Activation::reglu: return relu(z0) * gate();
+    case Activation::geglu: return gelu_tanh(z0) * gate();
+    case Activation::swiglu: return silu(z0) * gate();
+    case Activation::glu: return sigmoid(z0) * gate();
+    case Activation::qgeglu: return quick_gelu(z0) * gate();
+    case Activation::sreglu: return squared_relu(z0) * gate();
+    case Activation::clamped_swiglu: {
+      const double L = o.clamped_swiglu.limit, alpha = o.clamped_swiglu.alpha;
+      const Var<T> z1 = gate();
+      const Var<T> z0c = z0 - relu(z0 - L);                    // min(z0, L)
+      const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);    // clamp(z1, -L, L)
+      return z0c * sigmoid(z0c * alpha) * (z1c + 1.0);
+    }
+  }
+  return {};
+}
+
+template <class T> LayerNormMLPOutput<T> composite(const Var<T>& x, const Params<T>& p, const LayerNormMLPOptions& o) {
+  const NormOptions norm{.epsilon = o.epsilon, .zero_centered_gamma = o.zero_centered_gamma};
+  const Var<T> h = o.norm == NormType::rmsnorm ? rmsnorm(x, p.gamma, norm)
+                   : p.beta.defined()          ? layernorm(x, p.gamma, p.beta, norm)
+                                               : layernorm(x, p.gamma, norm);
+  const std::int64_t H = p.w1.shape().dim(0), n = p.w1.shape().dim(1), F = p.w1.shape().dim(2);
+  Var<T> z = matmul(h, reshape(p.w1, {H, n * F}));
+  if (p.b1.defined()) z = z + reshape(p.b1, {n * F});
+  Var<T> y = matmul(composite_activation(z, F, o), p.w2);
+  if (p.b2.defined()) y = y + p.b2;
+  return {y, o.return_layernorm_output ? h : Var<T>()};
+}
+
+template <class T, class P> LayerNormMLPOutput<T> node(const Var<T>& x, const Params<P>& p, const LayerNormMLPOptions& o) {
+  return layernorm_mlp(x, p.gamma, p.beta, p.kernels(), p.biases(), o);
+}
+
+// A scalar that weighs every output element differently, so that backward sees a dense random seed.
+template <class T> Var<T> weighted_loss(const LayerNormMLPOutput<T>& out, std::uint64_t seed) {
+  Var<T> loss = sum(out.y * constant(randn<T>(out.y.shape(), seed)));
+  if (out.layernorm_output.defined()) {
+    loss = loss + sum(out.layernorm_output * constant(randn<T>(out.layernorm_output.shape(), seed + 1)));
+  }
+  return loss;
+}
+
+template <class P> std::vector<Var<P>> defined_params(const Params<P>& p) {
+  std::vector<Var<P>> all;
+  for (const Var<P>& v : {p.gamma, p.beta, p.w1, p.b1, p.w2, p.b2}) {
+    if (v.defined()) all.push_back(v);
+  }
+  return all;
+}
+
+std::string describe(const Case& c) {
+  const auto& o = c.options;
+  return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +
+         (o.zero_centered_gamma ? " zero-centered" : "") + (c.biases ? " biases" : " no biases") + " " +
+         std::string(recompute_name(o.recompute)) + (o.return_layernorm_output ? " returning h" : "");
+}
+
+// Calls body(case) for every activation × norm × zero-centered γ × biases × recompute policy.
+template <class Body> void for_each_case(Body body) {
+  for (Activation act : all_activations) {
+    for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
+      for (bool zero_centered : {false, true}) {
+        for (bool biases : {true, false}) {
+          for (Recompute policy : all_policies) {
+            Case c{.options = {.norm = norm, .zero_centered_gamma = zero_centered, .activation = act,
+                               .recompute = policy},
+                   .biases = biases};
+            const std::string what = describe(c);
+            CAPTURE(what);
+            body(c);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layernorm_mlp equals the composite of primitive ops in double, output and every gradient") {
+  const Tolerance double_rounding{1e-12, 1e-12};
+  for (bool return_h : {false, true}) {
+    for_each_case([&](Case c) {
+      if (c.options.recompute != Recompute::save_all) return;  // policies are compared bitwise below
+      c.options.return_layernorm_output = return_h;
+      const Tensor<double> xv = randn<double>({2, 3, 8}, 11, 0.3, 1.5);
+      const Params<double> p = make_params<double>(c, 8, 6, 20);
+      const Var<double> x1 = param(xv), x2 = param(xv);
+      const auto got = node(x1, p, c.options);
+      backward(weighted_loss(got, 30));
+      std::vector<Tensor<double>> node_grads;
+      for (const auto& v : defined_params(p)) node_grads.push_back(v.grad());
+      for (auto v : defined_params(p)) v.zero_grad();
+
+      const auto want = composite(x2, p, c.options);
+      backward(weighted_loss(want, 30));
+      test::check_close(got.y.value(), want.y.value(), double_rounding);
+      if (return_h) test::check_close(got.layernorm_output.value(), want.layernorm_output.value(), double_rounding);
+      test::check_close(x1.grad(), x2.grad(), double_rounding);
+      const auto params = defined_params(p);
+      for (std::size_t i = 0; i < params.size(); ++i) test::check_close(node_grads[i], params[i].grad(), double_rounding);
+      Tape::active().clear();
+    });
+  }
+}
+
+TEST_CASE("layernorm_mlp passes gradcheck for every activation, norm, gamma form, bias setting and policy") {
+  for_each_case([](const Case& c) {
+    const Params<double> p0 = make_params<double>(c, 4, 3, 40);
+    std::vector<Tensor<double>> inputs{randn<double>({2, 2, 4}, 41, 0.2, 1.2)};
+    for (const auto& v : defined_params(p0)) inputs.push_back(v.value());
+    auto f = [&](const std::vector<Var<double>>& in) {
+      std::size_t i = 1;
+      Params<double> p;
+      p.gamma = in[i++];
+      if (c.has_beta()) p.beta = in[i++];
+      p.w1 = in[i++];
+      if (c.biases) p.b1 = in[i++];
+      p.w2 = in[i++];
+      if (c.biases) p.b2 = in[i++];
+      return node(in[0], p, c.options).y;
+    };
+    CHECK(gradcheck(f, inputs));
+  });
+}
+
+TEST_CASE("the returned norm output is differentiable: gradcheck through both results") {
+  for (Activation act : all_activations) {
+    for (Recompute policy : all_policies) {
+      const Case c{.options = {.activation = act, .return_layernorm_output = true, .recompute = policy}};
+      const std::string what = describe(c);
+      CAPTURE(what);
+      const Params<double> p0 = make_params<double>(c, 5, 4, 50);
+      std::vector<Tensor<double>> inputs{randn<double>({3, 5}, 51)};
+      for (const auto& v : defined_params(p0)) inputs.push_back(v.value());
+      CHECK(gradcheck(
+          [&](const std::vector<Var<double>>& in) {
+            const Params<double> p{in[1], in[2], in[3], in[4], in[5], in[6]};
+            const auto out = node(in[0], p, c.options);
+            return Var<double>(out.y * 2.0 + out.layernorm_output * out.layernorm_output);
+          },
+          inputs));
+    }
+  }
+}
+
+TEST_CASE("clamped_swiglu clamps: its limits bite, and it still matches the composite and gradcheck") {
+  for (const ClampedSwigluParams params : {ClampedSwigluParams{0.3, 1.702}, ClampedSwigluParams{0.5, 1.0}}) {
+    CAPTURE(params.limit);
+    const Case c{.options = {.activation = Activation::clamped_swiglu, .clamped_swiglu = params}};
+    const Params<double> p = make_params<double>(c, 6, 5, 60);
+    const Var<double> x = param(randn<double>({4, 6}, 61, 0.0, 2.0));
+    const auto got = node(x, p, c.options), want = composite(x, p, c.options);
+    test::check_close(got.y.value(), want.y.value(), {1e-12, 1e-12});
+    // With limit 0.3 and z ~ N(0, 1), both clamps act on many elements: an unclamped swiglu differs.
+    Case unclamped = c;
+    unclamped.options.clamped_swiglu.limit = 1e6;
+    const Tensor<double> loose = node(x, p, unclamped.options).y.value();
+    double difference = 0.0;
+    for (std::int64_t i = 0; i < loose.numel(); ++i) difference += std::abs(loose.flat(i) - got.y.value().flat(i));
+    CHECK(difference > 0.1);
+
+    std::vector<Tensor<double>> inputs{x.value()};
+    for (const auto& v : defined_params(p)) inputs.push_back(v.value());
+    CHECK(gradcheck(
+        [&](const std::vector<Var<double>>& in) {
+          return node(in[0], Params<double>{in[1], in[2], in[3], in[4], in[5], in[6]}, c.options).y;
+        },
+        inputs));
+  }
+}
+
+TEST_CASE("layernorm_mlp records one tape entry however many ops it does") {
+  for (bool return_h : {false, true}) {
+    const Case c{.options = {.activation = Activation::swiglu, .return_layernorm_output = return_h}};
+    const Params<float> p = make_params<float>(c, 16, 32, 70);
+    const Var<float> x = param(randn<float>({4, 16}, 71));
+    Tape::active().clear();
+    const auto out = node(x, p, c.options);
+    CHECK(Tape::active().size() == 1);
+    CHECK(out.layernorm_output.defined() == return_h);
+    backward(weighted_loss(out, 72));
+    CHECK(x.grad().defined());
+    Tape::active().clear();
+  }
+}
+
+TEST_CASE_TEMPLATE("every recompute policy gives bitwise identical gradients, for any thread count", T, float, double,
+                   bf16) {
+  for (Activation act : all_activations) {
+    CAPTURE(activation_name(act));
+    const Case base{.options = {.activation = act}};
+    const Params<T> p = make_params<T>(base, 24, 40, 80);
+    const Tensor<T> xv = randn<T>({3, 5, 24}, 81);
+    auto grads_of = [&](Recompute policy, int threads) {
+      test::ThreadCount scope(threads);
+      Case c = base;
+      c.options.recompute = policy;
+      const Var<T> x = param(xv);
+      for (auto v : defined_params(p)) v.zero_grad();
+      backward(weighted_loss(node(x, p, c.options), 82));
+      std::vector<Tensor<T>> grads{x.grad()};
+      for (const auto& v : defined_params(p)) grads.push_back(v.grad());
+      return grads;
+    };
+    const auto reference = grads_of(Recompute::save_all, 2);
+    for (Recompute policy : all_policies) {
+      for (int threads : {1, 2}) {
+        CAPTURE(recompute_name(policy));
+        CAPTURE(threads);
+        const auto grads = grads_of(policy, threads);
+        for (std::size_t i = 0; i < grads.size(); ++i) CHECK(test::bitwise_equal(grads[i], reference[i]));
+      }
+    }
+  }
+}
+
+namespace {
+
+template <class P> Params<double> params_to_double(const Params<P>& p) {
+  auto to_double = [](const Var<P>& v) { return v.defined() ? param(cast<double>(v.value())) : Var<double>(); };
+  return {to_double(p.gamma), to_double(p.beta), to_double(p.w1), to_double(p.b1), to_double(p.w2), to_double(p.b2)};
+}
+
+// ‖got - want‖₂ / ‖want‖₂. Gradients are compared by this norm rather than element by element: where z is within
+// rounding of a kink (relu's 0), the low-precision z may sit on the other side, and that element's derivative
+// jumps; the norm weighs such rare flips by their share of the whole.
+template <class T> double relative_error(const Tensor<T>& got, const Tensor<double>& want) {
+  REQUIRE(got.shape() == want.shape());
+  double diff = 0.0, norm = 0.0;
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    diff += std::pow(convert<double>(got.flat(i)) - want.flat(i), 2);
+    norm += want.flat(i) * want.flat(i);
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Compares the node in T with parameters in P against the double composite on the same (rounded) values: the
+// output element by element, each gradient by its relative error.
+template <class T, class P> void check_against_double(const Case& c, Tolerance output_tol, double grad_tol) {
+  const Params<P> p = make_params<P>(c, 32, 48, 90);
+  const Var<T> x = param(randn<T>({4, 6, 32}, 91, 0.5, 2.0));
+  const auto got = node(x, p, c.options);
+  backward(weighted_loss(got, 92));
+
+  // The reference sees exactly the values the node computes with: W1, W2 and the biases rounded to T.
+  Params<double> ref = params_to_double(p);
+  for (Var<double>* v : {&ref.w1, &ref.b1, &ref.w2, &ref.b2}) {
+    if (v->defined()) *v = param(cast<double>(cast<T>(cast<P>(v->value()))));
+  }
+  const Var<double> xd = param(cast<double>(x.value()));
+  const auto want = composite(xd, ref, c.options);
+  backward(weighted_loss(want, 92));
+  test::check_close(got.y.value(), want.y.value(), output_tol);
+  CHECK(relative_error(x.grad(), xd.grad()) <= grad_tol);
+  const auto node_params = defined_params(p);
+  const auto ref_params = defined_params(ref);
+  for (std::size_t i = 0; i < node_params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(relative_error(node_params[i].grad(), ref_params[i].grad()) <= grad_tol);
+  }
+}
+
+}  // namespace
+
+// Tolerances (measured worst of all activations and both norms in brackets): f32 rounds each stage's output once
+// (~6e-8) and sums 32-48 terms: output 1e-5, gradients 2e-6 relative [4.4e-7]. bf16 (8 bits) and f16 (11 bits)
+// round every stage's output (h, z, a, y; da, dz, dh), and the errors pass through the products and the
+// activation's slope: bf16 output 4e-2, gradients 2e-2 [5.9e-3]; f16 output 6e-3, gradients 3e-3 [8.4e-4], but
+// 2e-2 for relu [1.4e-2]: a z within f16 rounding of 0 lands on the other side of the kink, and that row's
+// derivative jumps by the whole slope.
+TEST_CASE_TEMPLATE("low-precision layernorm_mlp matches the double composite, forward and backward", T, float, bf16,
+                   f16) {
+  const bool is_f32 = std::is_same_v<T, float>, is_bf16 = std::is_same_v<T, bf16>;
+  const Tolerance output_tol = is_f32 ? Tolerance{1e-5, 1e-5} : is_bf16 ? Tolerance{4e-2, 4e-2} : Tolerance{6e-3, 6e-3};
+  for (Activation act : all_activations) {
+    const double grad_tol = is_f32 ? 2e-6 : is_bf16 ? 2e-2 : act == Activation::relu ? 2e-2 : 3e-3;
+    for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
+      const Case c{.options = {.norm = norm, .activation = act}};
+      const std::string what = describe(c);
+      CAPTURE(what);
+      check_against_double<T, T>(c, output_tol, grad_tol);
+    }
+  }
+}
+
+TEST_CASE("mixed precision: f32 parameters with bf16 compute give f32 gradients that keep f32 precision") {
+  for (Activation act : {Activation::gelu, Activation::swiglu}) {
+    const Case c{.options = {.activation = act}};
+    CAPTURE(activation_name(act));
+    // The tolerances of the lower of the two precisions (above); bf16 gradients of f32 compute are rounded once.
+    check_against_double<bf16, float>(c, {4e-2, 4e-2}, 2e-2);
+    check_against_double<float, bf16>(c, {1e-5, 1e-5}, 4e-3);
+    check_against_double<f16, double>(c, {6e-3, 6e-3}, 3e-3);
+
+    // The weight gradients are rounded once from f32 sums, not from bf16 ones: most are not bf16 values.
+    const Params<float> p = make_params<float>(c, 32, 48, 95);
+    const Var<bf16> x = param(randn<bf16>({8, 32}, 96));
+    const auto out = node(x, p, c.options);
+    CHECK(out.y.dtype() == DType::bf16);
+    backward(weighted_loss(out, 97));
+    const Tensor<float>& dw1 = p.w1.grad();
+    std::int64_t not_bf16 = 0;
+    for (std::int64_t i = 0; i < dw1.numel(); ++i) not_bf16 += float(bf16(dw1.flat(i))) != dw1.flat(i);
+    CHECK(not_bf16 > dw1.numel() / 2);
+  }
+}
+
+TEST_CASE("layernorm_mlp computes only the gradients asked for") {
+  const Case c{.options = {.activation = Activation::geglu}};
+  const Params<double> p = make_params<double>(c, 6, 4, 100);
+  const Var<double> x = constant(randn<double>({3, 6}, 101));
+  backward(weighted_loss(node(x, p, c.options), 102));
+  CHECK_FALSE(x.grad().defined());
+  for (const auto& v : defined_params(p)) CHECK(v.grad().defined());
+
+  const Params<double> frozen = params_to_double(p);
+  std::vector<Var<double>> constants;
+  for (const auto& v : defined_params(frozen)) constants.push_back(v.detach());
+  const Params<double> q{constants[0], constants[1], constants[2], constants[3], constants[4], constants[5]};
+  const Var<double> x2 = param(x.value());
+  const auto out = node(x2, q, c.options);
+  backward(weighted_loss(out, 102));
+  CHECK(x2.grad().defined());
+  for (const auto& v : defined_params(q)) CHECK_FALSE(v.grad().defined());
+}
+
+TEST_CASE("layernorm_mlp takes any leading dims, a single row, and no rows") {
+  const Case c{.options = {.activation = Activation::silu}};
+  const Params<double> p = make_params<double>(c, 5, 7, 110);
+  for (const Shape& shape : {Shape{5}, Shape{1, 5}, Shape{2, 1, 3, 5}}) {
+    CAPTURE(shape);
+    const Var<double> x = param(randn<double>(shape, 111));
+    const auto got = node(x, p, c.options), want = composite(x, p, c.options);
+    CHECK(got.y.shape() == shape);
+    test::check_close(got.y.value(), want.y.value(), {1e-12, 1e-12});
+  }
+  const Var<double> empty = param(Tensor<double>(Shape{0, 5}));
+  for (auto v : defined_params(p)) v.zero_grad();
+  const auto out = node(empty, p, c.options);
+  CHECK(out.y.shape() == Shape{0, 5});
+  backward(out.y, Tensor<double>(Shape{0, 5}));
+  CHECK(empty.grad().shape() == Shape{0, 5});
+  CHECK(test::bitwise_equal(p.w1.grad(), zeros<double>(p.w1.shape())));
+  CHECK(test::bitwise_equal(p.b2.grad(), zeros<double>(p.b2.shape())));
+}
+
+TEST_CASE("activation names round-trip and gated activations need two halves") {
+  for (Activation act : all_activations) CHECK(activation_from_name(activation_name(act)) == act);
+  CHECK(is_gated(Activation::swiglu));
+  CHECK_FALSE(is_gated(Activation::gelu));
+  CHECK(activation_width(Activation::clamped_swiglu) == 2);
+  CHECK_THROWS_WITH_AS(activation_from_name("swish"),
+                       doctest::Contains("unknown activation 'swish'; expected one of relu, gelu"), Error);
+}
+
+TEST_CASE("layernorm_mlp errors name the op and both shapes") {
+  const Case gated{.options = {.activation = Activation::swiglu}};
+  const Params<float> p = make_params<float>(gated, 256, 512, 120);
+  const Var<float> x = param(randn<float>({4, 256}, 121));
+  auto with = [&](auto edit) {
+    Params<float> q = p;
+    LayerNormMLPOptions o = gated.options;
+    edit(q, o);
+    return [=] { node(x, q, o); };
+  };
+  const Var<float> w1_wrong = param(randn<float>({128, 2, 512}, 1));
+  CHECK_THROWS_WITH_AS(node(param(randn<float>({4, 128}, 1)), p, gated.options),
+                       doctest::Contains("layernorm_mlp: gamma has shape [256] but x has shape [4, 128]"), Error);
+  CHECK_THROWS_WITH_AS(
+      with([&](Params<float>& q, LayerNormMLPOptions&) { q.w1 = w1_wrong; })(),
+      doctest::Contains("w1 has shape [128, 2, 512] but x has hidden size 256 and activation swiglu needs [256, 2, F]"),
+      Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>&, LayerNormMLPOptions& o) { o.activation = Activation::gelu; })(),
+                       doctest::Contains("activation gelu needs [256, 1, F]"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>& q, LayerNormMLPOptions&) { q.w2 = param(zeros<float>({256, 512})); })(),
+                       doctest::Contains("w2 has shape [256, 512] but w1 has shape [256, 2, 512]"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>& q, LayerNormMLPOptions&) { q.b1 = param(zeros<float>({512})); })(),
+                       doctest::Contains("b1 has shape [512] but w1 has shape [256, 2, 512]; expected [2, 512]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>& q, LayerNormMLPOptions&) { q.b2 = param(zeros<float>({512})); })(),
+                       doctest::Contains("b2 has shape [512] but x has shape [4, 256]; expected [256]"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>&, LayerNormMLPOptions& o) { o.norm = NormType::rmsnorm; })(),
+                       doctest::Contains("rmsnorm has no beta, but one of shape [256] was given"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>&, LayerNormMLPOptions& o) { o.epsilon = 0; })(),
+                       doctest::Contains("epsilon must be positive"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>&, LayerNormMLPOptions& o) {
+                         o.activation = Activation::clamped_swiglu;
+                         o.clamped_swiglu.limit = -1;
+                       })(),
+                       doctest::Contains("clamped_swiglu needs a positive limit"), Error);
+  CHECK_THROWS_WITH_AS(with([](Params<float>& q, LayerNormMLPOptions&) { q.w2 = Var<float>(); })(),
+                       doctest::Contains("x, gamma, w1 and w2 must be defined"), Error);
+}
