@@ -1,11 +1,12 @@
-// The nn modules LayerNorm, Dense, LayerNormDense and MultiHeadAttention: registration of parameters and children,
-// forward against double references, gradcheck with respect to the input and every parameter, parameter and
-// compute dtypes, seeding, and errors. (LayerNormMLP: test_layer_norm_mlp_module.cpp.)
+// The nn modules LayerNorm, Dense, LayerNormDense, LayerNormMLP and MultiHeadAttention: registration of parameters
+// and children, forward against double references, gradcheck with respect to the input and every parameter,
+// parameter and compute dtypes, seeding, and errors.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,31 @@ Tensor<double> reference_attention(const nn::Module& m, const Tensor<double>& x,
   return test::reference_dense(attended, parameter_value(m, "out.kernel"), parameter_value(m, "out.bias"));
 }
 
+// The MLP block, stage by stage: h = norm(x), z = h·W1 + b1 with W1 [H, n, F] as [H, n·F], a = act(z₀)(·z₁),
+// y = a·W2 + b2. gelu is the tanh form; swiglu is silu(z₀)·z₁.
+Tensor<double> reference_mlp(const nn::Module& m, const Tensor<double>& x, Activation activation,
+                             const nn::LayerNormConfig& norm = {}) {
+  const Tensor<double> w1 = parameter_value(m, "wi_kernel"), b1 = parameter_value(m, "wi_bias");
+  const std::int64_t H = w1.dim(0), n = w1.dim(1), F = w1.dim(2);
+  const Tensor<double> h = test::reference_norm(x, parameter_value(m, "scale"), parameter_value(m, "ln_bias"), norm);
+  const Tensor<double> z = test::reference_dense(h, w1.reshape({H, n * F}), b1.reshape({n * F}));
+  std::vector<std::int64_t> dims = x.shape().to_vector();
+  dims.back() = F;
+  Tensor<double> a{Shape(dims)};
+  for (std::int64_t r = 0; r < a.numel() / F; ++r) {
+    for (std::int64_t f = 0; f < F; ++f) {
+      const double z0 = z.flat(r * n * F + f);
+      if (activation == Activation::gelu) {
+        a.flat(r * F + f) = 0.5 * z0 * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (z0 + 0.044715 * z0 * z0 * z0)));
+      } else {
+        REQUIRE(activation == Activation::swiglu);
+        a.flat(r * F + f) = z0 / (1 + std::exp(-z0)) * z.flat(r * n * F + F + f);
+      }
+    }
+  }
+  return test::reference_dense(a, parameter_value(m, "wo_kernel"), parameter_value(m, "wo_bias"));
+}
+
 // Calls body(name, make, input shape, reference) for one of each module with parameters in P and compute dtype C:
 // make(seed) builds it, reference(module, x) is its output in double.
 template <class P, class C, class Body> void for_each_module(Body body) {
@@ -75,6 +101,10 @@ template <class P, class C, class Body> void for_each_module(Body body) {
   body(
       "LayerNormDense", [](std::uint64_t seed) { return nn::LayerNormDense<P, C>(6, {.dense = {.features = 5}}, seed); },
       Shape{2, 3, 6}, [](const nn::Module& m, const Tensor<double>& x) { return test::reference_norm_dense(m, "", x); });
+  body(
+      "LayerNormMLP",
+      [](std::uint64_t seed) { return nn::LayerNormMLP<P, C>(6, {.intermediate_dim = 7}, seed); }, Shape{2, 3, 6},
+      [](const nn::Module& m, const Tensor<double>& x) { return reference_mlp(m, x, Activation::gelu); });
   // heads · head_dim = 8 differs from the hidden size 6, so the shapes cannot be confused.
   body(
       "MultiHeadAttention",
@@ -223,7 +253,7 @@ TEST_CASE("the same seed gives bitwise the same parameters, another seed other k
       CHECK(test::bitwise_equal(va, std::get<Var<float>>(pb[i].var).value()));
       any_differs = any_differs || !test::bitwise_equal(va, std::get<Var<float>>(pc[i].var).value());
     }
-    const bool has_kernel = std::string(name) != "LayerNorm";  // LayerNorm's ones and zeros ignore the seed
+    const bool has_kernel = name != "LayerNorm";  // LayerNorm's ones and zeros ignore the seed
     CHECK(any_differs == has_kernel);
   });
 }
@@ -357,6 +387,40 @@ TEST_CASE("dot_product_attention rejects shapes that do not fit and a causal mas
                        "dot_product_attention: q [2, 3, 4], k [2, 5, 3] and v [2, 5, 7] should be [..., Sq, D], "
                        "[..., Sk, D] and [..., Sk, Dv]",
                        Error);
+}
+
+TEST_CASE("LayerNormMLP with a gated activation and rmsnorm matches the reference, norm output included") {
+  const nn::LayerNormConfig rms{.norm_type = NormType::rmsnorm, .zero_centered_gamma = true};
+  nn::LayerNormMLP<double> mlp(5, {.intermediate_dim = 3, .activation = Activation::swiglu, .norm = rms}, 1);
+  CHECK(paths(mlp.parameters()) ==
+        std::vector<std::string>{"scale", "wi_kernel", "wi_bias", "wo_kernel", "wo_bias"});
+  CHECK(mlp.wi_kernel().shape() == Shape{5, 2, 3});
+  CHECK(mlp.wi_bias().shape() == Shape{2, 3});
+  test::randomize_parameters(mlp, 110);
+  const Tensor<double> x = randn<double>({2, 4, 5}, 111);
+  const auto [y, h] = mlp.with_layernorm_output(constant(x));
+  test::check_close(y.value(), reference_mlp(mlp, x, Activation::swiglu, rms), {1e-12, 1e-12});
+  test::check_close(h.value(), test::reference_norm(x, parameter_value(mlp, "scale"), {}, rms), {1e-12, 1e-12});
+  CHECK(test::bitwise_equal(mlp(constant(x)).value(), y.value()));
+  CHECK(test::module_gradcheck(mlp, x, [](const auto& module, const Var<double>& input) {
+    const auto out = module.with_layernorm_output(input);
+    return concat<double>({reshape(out.output, {-1}), reshape(out.layernorm_output, {-1})}, 0);
+  }));
+}
+
+TEST_CASE("LayerNormMLP's kernels are drawn with the fans of their matrices, and use_bias = false drops the biases") {
+  const nn::LayerNormMLP<bf16> mlp(16, {.intermediate_dim = 32, .activation = Activation::geglu}, 4);
+  CHECK(test::bitwise_equal(mlp.wi_kernel().value(),
+                            Initializer::lecun_normal().make<bf16>({16, 2, 32}, nn::derive_seed(4, "wi_kernel"),
+                                                                   {.in = {0}, .out = {2}, .batch = {1}})));
+  CHECK(test::bitwise_equal(mlp.wo_kernel().value(),
+                            Initializer::lecun_normal().make<bf16>({32, 16}, nn::derive_seed(4, "wo_kernel"))));
+  const nn::LayerNormMLP<float> no_bias(4, {.intermediate_dim = 8, .use_bias = false}, 0);
+  CHECK(paths(no_bias.parameters()) == std::vector<std::string>{"scale", "ln_bias", "wi_kernel", "wo_kernel"});
+  CHECK_THROWS_WITH_AS(nn::LayerNormMLP<float>(4, {.intermediate_dim = 0}, 0),
+                       "LayerNormMLP: intermediate_dim must be positive, got 0", Error);
+  CHECK_THROWS_WITH_AS(no_bias(constant(zeros<float>({2, 5}))),
+                       doctest::Contains("LayerNormMLP: input of shape [2, 5] has 5 features"), Error);
 }
 
 // ---- dtypes ------------------------------------------------------------------------------------------------
