@@ -27,14 +27,14 @@ template <class U> Tensor<U> causal_mask(std::int64_t Sq, std::int64_t Sk) {
 }  // namespace
 
 template <class U> Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, bool causal) {
-  check(q.shape().rank() >= 2 && k.shape().rank() >= 2 && v.shape().rank() >= 2 && q.shape().dim(-1) == k.shape().dim(-1) &&
-            k.shape().dim(-2) == v.shape().dim(-2),
-        "dot_product_attention", "q ", q.shape(), ", k ", k.shape(), " and v ", v.shape(),
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  check(qs.rank() >= 2 && ks.rank() >= 2 && vs.rank() >= 2 && qs.dim(-1) == ks.dim(-1) && ks.dim(-2) == vs.dim(-2),
+        "dot_product_attention", "q ", qs, ", k ", ks, " and v ", vs,
         " should be [..., Sq, D], [..., Sk, D] and [..., Sk, Dv]");
-  const std::int64_t Sq = q.shape().dim(-2), Sk = k.shape().dim(-2);
-  check(!causal || Sq == Sk, "dot_product_attention", "a causal mask needs as many queries as keys, got q ",
-        q.shape(), " and k ", k.shape());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.shape().dim(-1)));
+  const std::int64_t Sq = qs.dim(-2), Sk = ks.dim(-2);
+  check(!causal || Sq == Sk, "dot_product_attention", "a causal mask needs as many queries as keys, got q ", qs,
+        " and k ", ks);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(qs.dim(-1)));
   const Var<U> scores = matmul(q, transpose(k));  // [..., Sq, Sk]
   const Var<U> logits = causal ? Var<U>(scores * scale + constant(causal_mask<U>(Sq, Sk))) : Var<U>(scores * scale);
   return matmul(softmax(logits, -1), v);

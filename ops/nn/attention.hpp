@@ -25,9 +25,9 @@ struct MultiHeadAttentionConfig {
   Initializer bias_init = Initializer::zeros();
 };
 
-// softmax(q·kᵀ/√D)·v with q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] -> [..., Sq, Dv] (batch axes broadcast);
-// the softmax runs over the keys of each query. `causal` (Sq = Sk) gives the scores of keys j > i a -inf mask,
-// which softmax turns into exact zeros: every row keeps its diagonal, so no row is all -inf.
+// softmax(q·kᵀ/√D)·v with q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] -> [..., Sq, Dv] (batch axes
+// broadcast); the softmax runs over the keys of each query. `causal` (Sq = Sk) gives the scores of keys j > i a
+// -inf mask, which softmax turns into exact zeros: every row keeps its diagonal, so no row is all -inf.
 template <class U> Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, bool causal);
 
 namespace detail {

@@ -33,7 +33,8 @@ class LayerNormMLP : public Module {
     const std::int64_t n = activation_width(config_.activation), F = config_.intermediate_dim;
     check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
     // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.
-    init_parameter("wi_kernel", wi_kernel_, config_.kernel_init, {hidden, n, F}, seed, {.in = {0}, .out = {2}, .batch = {1}});
+    init_parameter("wi_kernel", wi_kernel_, config_.kernel_init, {hidden, n, F}, seed,
+                   {.in = {0}, .out = {2}, .batch = {1}});
     if (config_.use_bias) init_parameter("wi_bias", wi_bias_, config_.bias_init, {n, F}, seed);
     init_parameter("wo_kernel", wo_kernel_, config_.kernel_init, {F, hidden}, seed);
     if (config_.use_bias) init_parameter("wo_bias", wo_bias_, config_.bias_init, {hidden}, seed);

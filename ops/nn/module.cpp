@@ -51,7 +51,8 @@ void Module::set_parameter(std::string_view path, const AnyVar& value) {
     child->module->set_parameter(path.substr(dot + 1), value);
     return;
   }
-  const auto own = std::find_if(parameters_.begin(), parameters_.end(), [&](const OwnParameter& p) { return p.name == path; });
+  const auto own =
+      std::find_if(parameters_.begin(), parameters_.end(), [&](const OwnParameter& p) { return p.name == path; });
   check(own != parameters_.end(), type_name_, "no parameter '", path, "'");
   std::visit(
       [&](auto* slot, const auto& var) {
