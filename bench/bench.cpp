@@ -1,7 +1,5 @@
 #include "bench.hpp"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,6 +7,7 @@
 #include <vector>
 
 #include "tensor/eigen.hpp"
+#include "tensor/host_memory.hpp"
 
 namespace bench {
 
@@ -48,8 +47,7 @@ std::vector<Timing> measure(const std::vector<Body>& bodies) {
 }
 
 std::int64_t allocated_bytes() {
-  const struct mallinfo2 info = mallinfo2();
-  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+  return tapegrad::host_memory_stats().in_use_bytes;
 }
 
 JsonLine::JsonLine(std::string_view group) {

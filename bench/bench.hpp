@@ -37,7 +37,7 @@ struct Body {
 std::vector<Timing> measure(const std::vector<Body>& bodies);
 inline Timing measure(const std::function<void()>& run) { return measure({Body{run}})[0]; }
 
-// Bytes currently allocated through malloc (heap and mmap), as glibc counts them.
+// Bytes held by live tensors, as tapegrad's host allocator counts them (blocks in its cache are not held).
 std::int64_t allocated_bytes();
 
 // One JSON object on one line, written to stdout when it goes out of scope:
@@ -63,5 +63,6 @@ class JsonLine {
 void tape_overhead();
 void fusion();
 void matmul();
+void layernorm_mlp();
 
 }  // namespace bench

@@ -1,6 +1,6 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul]
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
 // OpenBLAS to N threads.
@@ -32,10 +32,10 @@ int main(int argc, char** argv) {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
-    } else if (arg == "tape" || arg == "fusion" || arg == "matmul") {
+    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp") {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul]\n";
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]\n";
       return 2;
     }
   }
@@ -52,4 +52,5 @@ int main(int argc, char** argv) {
   if (wanted("tape")) bench::tape_overhead();
   if (wanted("fusion")) bench::fusion();
   if (wanted("matmul")) bench::matmul();
+  if (wanted("layernorm_mlp")) bench::layernorm_mlp();
 }

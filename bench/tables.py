@@ -53,3 +53,17 @@ if by_group["matmul"]:
           [[*key, *(f"{c[i]:.1f}" if i in c else "-" for i in impls),
             f"{c['tapegrad_matmul'] / c['openblas']:.2f}" if "openblas" in c else "-"]
            for key, c in cells.items()])
+
+if by_group["layernorm_mlp"]:
+    cells = defaultdict(dict)
+    for r in by_group["layernorm_mlp"]:
+        m, h, f = r["mhf"]
+        cells[(f"({m}, {h}, {f})", r["dtype"], r["activation"])][(r["form"], r["mode"])] = r["median_ns"] / 1e6
+    fwd, grad = "no_grad", "recorded_forward_backward"
+    table(["(M, H, F)", "dtype", "activation", "node fwd ms", "node fwd+bwd ms", "composite fwd ms",
+           "composite fwd+bwd ms", "speed-up fwd", "speed-up fwd+bwd", "node grad/fwd", "composite grad/fwd"],
+          [[*key, f"{c['node', fwd]:.3f}", f"{c['node', grad]:.3f}", f"{c['composite', fwd]:.3f}",
+            f"{c['composite', grad]:.3f}", f"{c['composite', fwd] / c['node', fwd]:.2f}x",
+            f"{c['composite', grad] / c['node', grad]:.2f}x", f"{c['node', grad] / c['node', fwd]:.2f}",
+            f"{c['composite', grad] / c['composite', fwd]:.2f}"]
+           for key, c in cells.items()])

@@ -25,16 +25,20 @@ struct ReluFn {
   }
 };
 
-// The tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// σ(x) = 1 / (1 + exp(-x)) with Eigen's vectorized exp, for f32 and f64 alike (its tanh and logistic are only
+// vectorized for f32).
+template <class C, class A> Row<C> sigmoid_of(const A& x) { return (C(1) + (-x).exp()).inverse(); }
+
+// The tanh form 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u).
 struct GeluTanhFn {
   template <class C> void operator()(const Row<C>& x, Row<C>& value, std::type_identity_t<Row<C>>* grad) const {
     const C k0 = C(activation::sqrt_2_over_pi), k1 = C(activation::gelu_tanh_cubic);
-    const Row<C> t = (k0 * (x + k1 * x.cube())).tanh();
-    value = C(0.5) * x * (C(1) + t);
-    // Once tanh saturates, sech² is 0 while x·(1 + 3k₁x²) may overflow: 0·inf would be NaN.
+    const Row<C> s = sigmoid_of<C>(C(2) * k0 * (x + k1 * x.cube()));
+    value = x * s;
+    // Once σ saturates, σ(1-σ) is 0 while x·(1 + 3k₁x²) may overflow: 0·inf would be NaN.
     if (grad) {
-      *grad = C(0.5) * (C(1) + t) +
-              (t.abs() < C(1)).select(C(0.5) * x * (C(1) - t * t) * k0 * (C(1) + C(3) * k1 * x * x), C(0));
+      const Row<C> slope = s * (C(1) - s);
+      *grad = s + (slope > C(0)).select(C(2) * k0 * x * slope * (C(1) + C(3) * k1 * x * x), C(0));
     }
   }
 };
@@ -44,7 +48,7 @@ struct SwishFn {
   double alpha;
   template <class C> void operator()(const Row<C>& x, Row<C>& value, std::type_identity_t<Row<C>>* grad) const {
     const C a = C(alpha);
-    const Row<C> s = (a * x).logistic();
+    const Row<C> s = sigmoid_of<C>(a * x);
     value = x * s;
     if (grad) *grad = s * (C(1) + a * x * (C(1) - s));
   }
@@ -52,7 +56,7 @@ struct SwishFn {
 
 struct SigmoidFn {
   template <class C> void operator()(const Row<C>& x, Row<C>& value, std::type_identity_t<Row<C>>* grad) const {
-    value = x.logistic();
+    value = sigmoid_of<C>(x);
     if (grad) *grad = value * (C(1) - value);
   }
 };

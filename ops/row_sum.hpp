@@ -39,7 +39,7 @@ std::vector<C> blocked_row_sum(std::int64_t rows, std::int64_t width, std::int64
 // shape.numel() values from `values`, each rounded once to T.
 template <class T, class C> Tensor<T> rounded_tensor(const C* values, const Shape& shape) {
   Tensor<T> out(shape);
-  for (std::int64_t i = 0; i < out.numel(); ++i) out.flat(i) = convert<T>(values[i]);
+  std::transform(values, values + shape.numel(), out.data(), [](C v) { return convert<T>(v); });
   return out;
 }
 

@@ -25,12 +25,6 @@ Shape::Shape(std::span<const std::int64_t> dims) {
   }
 }
 
-std::int64_t Shape::numel() const {
-  std::int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];
-  return n;
-}
-
 std::size_t Shape::normalize_axis(int axis, const char* op) const {
   const int a = axis < 0 ? axis + rank_ : axis;
   check(a >= 0 && a < rank_, op, "axis ", axis, " is out of range for shape ", *this, " of rank ", rank_);

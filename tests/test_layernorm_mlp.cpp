@@ -50,44 +50,8 @@ template <class P> Params<P> make_params(const Case& c, std::int64_t H, std::int
   return p;
 }
 
-// The same block from primitive ops, each its own tape node.
-template <class T> Var<T> composite_activation(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
-  const Var<T> z0 = slice(z, -1, 0, F);
-  auto gate = [&] { return slice(z, -1, F, 2 * F); };
-  switch (o.activation) {
-    case Activation::relu: return relu(z0);
-    case Activation::gelu: return gelu_tanh(z0);
-    case Activation::silu: return silu(z0);
-    case Activation::quick_gelu: return quick_gelu(z0);
-    case Activation::squared_relu: return squared_relu(z0);
-    case Activation::reglu: return relu(z0) * gate();
-    case Activation::geglu: return gelu_tanh(z0) * gate();
-    case Activation::swiglu: return silu(z0) * gate();
-    case Activation::glu: return sigmoid(z0) * gate();
-    case Activation::qgeglu: return quick_gelu(z0) * gate();
-    case Activation::sreglu: return squared_relu(z0) * gate();
-    case Activation::clamped_swiglu: {
-      const double L = o.clamped_swiglu.limit, alpha = o.clamped_swiglu.alpha;
-      const Var<T> z1 = gate();
-      const Var<T> z0c = z0 - relu(z0 - L);                    // min(z0, L)
-      const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);    // clamp(z1, -L, L)
-      return z0c * sigmoid(z0c * alpha) * (z1c + 1.0);
-    }
-  }
-  return {};
-}
-
 template <class T> LayerNormMLPOutput<T> composite(const Var<T>& x, const Params<T>& p, const LayerNormMLPOptions& o) {
-  const NormOptions norm{.epsilon = o.epsilon, .zero_centered_gamma = o.zero_centered_gamma};
-  const Var<T> h = o.norm == NormType::rmsnorm ? rmsnorm(x, p.gamma, norm)
-                   : p.beta.defined()          ? layernorm(x, p.gamma, p.beta, norm)
-                                               : layernorm(x, p.gamma, norm);
-  const std::int64_t H = p.w1.shape().dim(0), n = p.w1.shape().dim(1), F = p.w1.shape().dim(2);
-  Var<T> z = matmul(h, reshape(p.w1, {H, n * F}));
-  if (p.b1.defined()) z = z + reshape(p.b1, {n * F});
-  Var<T> y = matmul(composite_activation(z, F, o), p.w2);
-  if (p.b2.defined()) y = y + p.b2;
-  return {y, o.return_layernorm_output ? h : Var<T>()};
+  return layernorm_mlp_composite(x, p.gamma, p.beta, p.kernels(), p.biases(), o);
 }
 
 template <class T, class P> LayerNormMLPOutput<T> node(const Var<T>& x, const Params<P>& p, const LayerNormMLPOptions& o) {

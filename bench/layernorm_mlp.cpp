@@ -1,0 +1,94 @@
+// (d) The layernorm_mlp node against the same block from primitive ops (layernorm_mlp_composite: ~7 nodes), on the
+// CPU, for LN+GELU with biases and LN+SwiGLU. Timed without a tape (NoGradGuard), recorded, and recorded +
+// backward from a random seed; the gradient/forward ratio is (recorded forward + backward) / no_grad forward.
+#include <memory>
+
+#include "bench.hpp"
+#include "tapegrad.hpp"
+
+namespace bench {
+
+namespace {
+
+using namespace tapegrad;
+
+struct Config {
+  std::int64_t M, H, F;
+};
+constexpr Config configs[] = {{64, 64, 256}, {256, 256, 1024}};
+constexpr Activation activations[] = {Activation::gelu, Activation::swiglu};
+
+template <class T> void run_config(const Config& cfg, Activation activation) {
+  const std::int64_t n = activation_width(activation);
+  const Var<T> x = param(randn<T>({cfg.M, cfg.H}, 1, 0.0, 1.0));
+  const Var<T> gamma = param(randn<T>({cfg.H}, 2, 1.0, 0.1)), beta = param(randn<T>({cfg.H}, 3, 0.0, 0.1));
+  const MLPKernels<T> kernels{param(randn<T>({cfg.H, n, cfg.F}, 4, 0.0, 1.0 / std::sqrt(double(cfg.H)))),
+                              param(randn<T>({cfg.F, cfg.H}, 5, 0.0, 1.0 / std::sqrt(double(cfg.F))))};
+  const MLPBiases<T> biases{param(randn<T>({n, cfg.F}, 6, 0.0, 0.1)), param(randn<T>({cfg.H}, 7, 0.0, 0.1))};
+  const Tensor<T> seed = randn<T>({cfg.M, cfg.H}, 8);
+  const LayerNormMLPOptions options{.activation = activation};
+
+  struct Form {
+    const char* name;
+    std::function<Var<T>()> f;
+  };
+  const Form forms[] = {
+      {"node", [&] { return layernorm_mlp(x, gamma, beta, kernels, biases, options).y; }},
+      {"composite", [&] { return layernorm_mlp_composite(x, gamma, beta, kernels, biases, options).y; }},
+  };
+  std::vector<Body> bodies;
+  std::vector<std::unique_ptr<Tape>> tapes(std::size(forms));
+  std::vector<Var<T>> outputs(std::size(forms));
+  auto teardown = [&](std::size_t k) {
+    return [&, k] {
+      outputs[k] = Var<T>();
+      tapes[k].reset();
+      for (Var<T> v : {x, gamma, beta, kernels.w1, kernels.w2, biases.b1, biases.b2}) v.zero_grad();
+    };
+  };
+  for (std::size_t k = 0; k < std::size(forms); ++k) {
+    auto forward = [&, k] {
+      tapes[k] = std::make_unique<Tape>();
+      TapeScope scope(*tapes[k]);
+      outputs[k] = forms[k].f();
+    };
+    bodies.push_back({[&, k] {
+      NoGradGuard no_grad;
+      forms[k].f();
+    }});
+    bodies.push_back({forward, teardown(k)});
+    bodies.push_back({[&, k, forward] {
+                        forward();
+                        backward(outputs[k], seed);
+                      },
+                      teardown(k)});
+  }
+  const std::vector<Timing> timings = measure(bodies);
+  const char* modes[] = {"no_grad", "recorded_forward", "recorded_forward_backward"};
+  for (std::size_t k = 0; k < std::size(forms); ++k) {
+    for (std::size_t m = 0; m < 3; ++m) {
+      const Timing& t = timings[3 * k + m];
+      JsonLine("layernorm_mlp")
+          .str("form", forms[k].name)
+          .str("activation", activation_name(activation))
+          .str("mode", modes[m])
+          .shape({cfg.M, cfg.H, cfg.F}, "mhf")
+          .str("dtype", std::string(dtype_name(dtype_v<T>)))
+          .timing(t)
+          .num("gradient_over_forward", timings[3 * k + 2].median_ns / timings[3 * k].median_ns);
+    }
+  }
+}
+
+}  // namespace
+
+void layernorm_mlp() {
+  for (const Config& cfg : configs) {
+    for (Activation activation : activations) {
+      run_config<float>(cfg, activation);
+      run_config<double>(cfg, activation);
+    }
+  }
+}
+
+}  // namespace bench

@@ -1,0 +1,85 @@
+// The interface optimizers share (step, zero_grad) and the loop that applies an update rule to each parameter.
+//
+// Each parameter gets a few state buffers of its shape (SGD's momentum, Adam's two moments) in state_t<T>: f32 for
+// f32, bf16 and f16 parameters, f64 for f64 parameters (f32 state would cost an f64 parameter its precision). An
+// update reads the parameter and its gradient into that precision, computes there, and writes the parameter back
+// in its own dtype, rounded once to nearest even, in place: the module holding the same Var sees the new values.
+// A parameter that has no gradient (none arrived since zero_grad) is skipped and its state left as it is, as in
+// PyTorch; each parameter counts its own updates (Adam's bias correction uses that count).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "ops/nn/parameter.hpp"
+
+namespace tapegrad::optim {
+
+// The precision of a T parameter's optimizer state and of its update's arithmetic.
+template <class T> using state_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+inline constexpr int max_state_buffers = 2;
+
+// A stretch of `size` elements of one parameter in state precision: a rule updates `param` and `state` from `grad`.
+template <class S> struct Chunk {
+  S* param;
+  const S* grad;
+  std::array<S*, max_state_buffers> state;
+  std::int64_t size;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;  // copies would share state buffers
+  Optimizer& operator=(const Optimizer&) = delete;
+  Optimizer(Optimizer&&) = default;
+  Optimizer& operator=(Optimizer&&) = default;
+
+  // One update of every parameter that has a gradient. Throws, changing nothing, when a gradient's shape is not its
+  // parameter's.
+  void step();
+  // Clears every parameter's gradient.
+  void zero_grad();
+  const nn::ParameterList& parameters() const { return parameters_; }
+
+ protected:
+  // `name` prefixes every error; `state_buffers` (at most max_state_buffers) is the rule's buffer count per parameter.
+  // Throws when a parameter is undefined or appears twice.
+  Optimizer(std::string name, nn::ParameterList parameters, int state_buffers);
+  // Throws "<name>: <what> must be <rule>, got <value>" unless `ok`.
+  void require(bool ok, std::string_view what, std::string_view rule, double value) const;
+
+ private:
+  // Updates one chunk; `t` counts this parameter's updates, this one included (1 on its first).
+  virtual void update(const Chunk<float>& chunk, std::int64_t t) const = 0;
+  virtual void update(const Chunk<double>& chunk, std::int64_t t) const = 0;
+
+  struct ParameterState {
+    std::int64_t updates = 0;
+    std::vector<Tensor<float>> f32;   // for f32, bf16 and f16 parameters
+    std::vector<Tensor<double>> f64;  // for f64 parameters
+    template <class S> std::vector<Tensor<S>>& buffers() {
+      if constexpr (std::is_same_v<S, double>) {
+        return f64;
+      } else {
+        return f32;
+      }
+    }
+  };
+  template <class T> void update_parameter(const Var<T>& var, ParameterState& state);
+
+  std::string name_;
+  nn::ParameterList parameters_;
+  std::vector<ParameterState> states_;
+  int state_buffers_;
+};
+
+// Names plain Vars by their position ("0", "1", ...), for optimizers built from a list of Vars.
+nn::ParameterList numbered(const std::vector<nn::AnyVar>& vars);
+
+}  // namespace tapegrad::optim

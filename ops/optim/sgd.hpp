@@ -1,0 +1,39 @@
+// Stochastic gradient descent with momentum, PyTorch's torch.optim.SGD. Per element, with g the gradient:
+//
+//   g = g + weight_decay·p                        (L2 regularization through the gradient)
+//   b = g on a parameter's first update, else momentum·b + (1 - dampening)·g     (only when momentum != 0)
+//   g = nesterov ? g + momentum·b : b              (only when momentum != 0)
+//   p = p - lr·g
+//
+// State precision and skipped parameters: ops/optim/optimizer.hpp.
+#pragma once
+
+#include "ops/optim/optimizer.hpp"
+
+namespace tapegrad::optim {
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;  // needs momentum > 0 and dampening 0
+};
+
+class SGD final : public Optimizer {
+ public:
+  // Throws naming the option when one is out of range.
+  explicit SGD(nn::ParameterList parameters, SGDOptions options = {});
+  explicit SGD(const std::vector<nn::AnyVar>& parameters, SGDOptions options = {})
+      : SGD(numbered(parameters), options) {}
+
+  const SGDOptions& options() const { return options_; }
+
+ private:
+  void update(const Chunk<float>& chunk, std::int64_t t) const override;
+  void update(const Chunk<double>& chunk, std::int64_t t) const override;
+
+  SGDOptions options_;
+};
+
+}  // namespace tapegrad::optim
