@@ -160,6 +160,18 @@ TEST_CASE("parameters() hands out the module's own Vars") {
   CHECK(listed.requires_grad());
 }
 
+TEST_CASE("an optimizer over parameters() trains the module in place") {
+  const nn::LayerNormDense<double> m(4, {.dense = {.features = 3}}, 0);
+  const Tensor<double> kernel = m.kernel().value().clone();
+  backward(sum(square(m(constant(randn<double>({5, 4}, 1))))));
+  const Tensor<double> grad = m.kernel().grad().clone();
+  optim::SGD sgd(m.parameters(), {.lr = 0.5});
+  sgd.step();
+  for (std::int64_t i = 0; i < kernel.numel(); ++i) {
+    CHECK(m.kernel().value().flat(i) == kernel.flat(i) - 0.5 * grad.flat(i));
+  }
+}
+
 namespace {
 // A module that registers by hand, for the registration errors.
 struct Registry : nn::Module {
