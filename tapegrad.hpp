@@ -13,6 +13,7 @@
 #include "ops/layout.hpp"
 #include "ops/loss.hpp"
 #include "ops/matmul.hpp"
+#include "ops/nn/nn.hpp"
 #include "ops/norm.hpp"
 #include "ops/optim/adam.hpp"
 #include "ops/optim/sgd.hpp"

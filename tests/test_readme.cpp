@@ -1,6 +1,7 @@
 // The README's examples, compiled and run, so that the user's manual stays true.
 #include <doctest/doctest.h>
 
+#include "examples/project_attend.hpp"
 #include "tapegrad.hpp"
 
 using namespace tapegrad;
@@ -78,4 +79,18 @@ TEST_CASE("the README's layernorm_mlp example records one node and gives f32 gra
   CHECK(w1.grad().shape() == Shape{H, 2, F});
   CHECK(x.grad().defined());
   Tape::active().clear();
+}
+
+TEST_CASE("the README's modules example: bf16 parameters stay bf16, mixed precision sends f32 gradients") {
+  examples::ProjectAttend<bf16> model(128, {.num_heads = 8, .head_dim = 128, .causal = true}, /*seed=*/0);
+  Var<bf16> y = model(constant(randn<bf16>({8, 16, 128}, 1)));  // bf16 [8, 16, 128]
+  CHECK(y.shape() == Shape{8, 16, 128});
+  for (const nn::NamedParameter& p : model.parameters()) CHECK(p.dtype() == DType::bf16);
+
+  examples::ProjectAttend<float, bf16> mixed(128, {.num_heads = 8, .head_dim = 128}, 0);
+  Var<bf16> z = mixed(constant(randn<float>({8, 16, 128}, 1)));
+  backward(mean(z));
+  for (const nn::NamedParameter& p : mixed.parameters()) CHECK(std::get<Var<float>>(p.var).grad().defined());
+
+  CHECK(nn::summary(model, randn<bf16>({8, 16, 128}, 1)).find("| attn.qkv ") != std::string::npos);
 }

@@ -1,0 +1,69 @@
+// nn::Dense: a linear layer contracting the last axis (flax's Dense / DenseGeneral with axis = -1):
+// x [..., in] · kernel [in, features] + bias [features] -> [..., features].
+//
+//   nn::Dense<f32, bf16> proj(128, {.features = 512}, /*seed=*/0);  // f32 kernel and bias, computes in bf16
+//   Var<bf16> y = proj(x);  // x [..., 128] in any dtype -> bf16 [..., 512]
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cast.hpp"
+#include "ops/nn/dtypes.hpp"
+#include "ops/nn/module.hpp"
+
+namespace tapegrad::nn {
+
+struct DenseConfig {
+  std::int64_t features = 0;  // the output size; must be set (> 0)
+  bool use_bias = true;
+  Initializer kernel_init = Initializer::lecun_normal();  // fan_in = in
+  Initializer bias_init = Initializer::zeros();
+};
+
+// x [..., in] · kernel [in, F] (+ bias [F] when defined), in U.
+template <class U> Var<U> dense(const Var<U>& x, const Var<U>& kernel, const Var<U>& bias);
+
+namespace detail {
+// The projection's parameters, registered in `owner` as `kernel` and `bias`.
+template <class P> struct DenseParameters {
+  Var<P> kernel, bias;  // bias undefined without use_bias
+
+  DenseParameters(Module& owner, std::int64_t in, const DenseConfig& config, std::uint64_t seed) {
+    check(in > 0 && config.features > 0, owner.type_name(), "input size and features must be positive, got ", in,
+          " and ", config.features);
+    owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed);
+    if (config.use_bias) owner.init_parameter("bias", bias, config.bias_init, {config.features}, seed);
+  }
+  // x is already in the compute dtype U; the parameters are rounded to it.
+  template <class U> Var<U> apply(const Var<U>& x) const {
+    return dense(x, cast<U>(kernel), bias.defined() ? cast<U>(bias) : Var<U>());
+  }
+  std::int64_t in() const { return kernel.shape()[0]; }
+};
+}  // namespace detail
+
+template <class P, class C = void>
+  requires ModuleDtypes<P, C>
+class Dense : public Module {
+ public:
+  Dense(std::int64_t in_features, const DenseConfig& config, std::uint64_t seed)
+      : Module("Dense"), dense_(*this, in_features, config, seed) {}
+
+  // x [..., in] in any dtype -> [..., features] in the compute dtype.
+  template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {
+    return traced(
+        [this](const Var<T>& x) {
+          check_input(x.shape(), dense_.in());
+          return dense_.apply(cast<compute_of<C, T>>(x));
+        },
+        x);
+  }
+
+  const Var<P>& kernel() const { return dense_.kernel; }
+  const Var<P>& bias() const { return dense_.bias; }
+
+ private:
+  detail::DenseParameters<P> dense_;
+};
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,59 @@
+// nn::LayerNormDense: a norm followed by a Dense projection in one module (TransformerEngine's
+// LayerNormDenseGeneral), with own parameters `scale`, `ln_bias` (layernorm with use_bias), `kernel` [in, features]
+// and `bias` [features].
+//
+//   nn::LayerNormDense<bf16> proj(128, {.dense = {.features = 384}}, /*seed=*/0);
+//   Var<bf16> y = proj(x);                           // norm, then project
+//   auto [y2, h] = proj.with_layernorm_output(x);    // also the norm's output h (return_layernorm_output)
+//
+// The norm output is asked for by calling with_layernorm_output rather than by a config flag, so that the return
+// type says what comes back.
+#pragma once
+
+#include "ops/nn/dense.hpp"
+#include "ops/nn/layer_norm.hpp"
+
+namespace tapegrad::nn {
+
+struct LayerNormDenseConfig {
+  DenseConfig dense{};
+  LayerNormConfig norm{};
+};
+
+template <class P, class C = void>
+  requires ModuleDtypes<P, C>
+class LayerNormDense : public Module {
+ public:
+  LayerNormDense(std::int64_t in_features, LayerNormDenseConfig config, std::uint64_t seed)
+      : Module("LayerNormDense"),
+        config_(std::move(config)),
+        norm_(*this, in_features, config_.norm, seed),
+        dense_(*this, in_features, config_.dense, seed) {}
+
+  // x [..., in] in any dtype -> [..., features] in the compute dtype.
+  template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {
+    return traced([this](const Var<T>& x) { return forward(x).output; }, x);
+  }
+  // {output [..., features], layernorm_output [..., in]}, both in the compute dtype and differentiable.
+  template <class T> LayerNormOutputs<compute_of<C, T>> with_layernorm_output(const Var<T>& x) const {
+    return traced([this](const Var<T>& x) { return forward(x); }, x);
+  }
+
+  const Var<P>& scale() const { return norm_.scale; }
+  const Var<P>& ln_bias() const { return norm_.ln_bias; }
+  const Var<P>& kernel() const { return dense_.kernel; }
+  const Var<P>& bias() const { return dense_.bias; }
+
+ private:
+  template <class T> LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x) const {
+    check_input(x.shape(), norm_.hidden());
+    const Var<compute_of<C, T>> h = norm_.apply(cast<compute_of<C, T>>(x), config_.norm);
+    return {dense_.apply(h), h};
+  }
+
+  LayerNormDenseConfig config_;
+  detail::NormParameters<P> norm_;
+  detail::DenseParameters<P> dense_;
+};
+
+}  // namespace tapegrad::nn

@@ -1,0 +1,80 @@
+// nn::LayerNormMLP: the transformer's norm-and-MLP block as one module over the fused layernorm_mlp op
+// (ops/layernorm_mlp.hpp), with TransformerEngine's parameter names:
+//   scale [H], ln_bias [H] (layernorm with use_bias), wi_kernel [H, n, F], wi_bias [n, F], wo_kernel [F, H],
+//   wo_bias [H], where n = 2 for gated activations and F = intermediate_dim.
+// layernorm_mlp takes the parameters in P as they are (each gradient comes back in P) and rounds the kernels to the
+// compute dtype itself; only x is cast here.
+//
+//   nn::LayerNormMLP<f32, bf16> mlp(128, {.intermediate_dim = 512, .activation = Activation::swiglu}, 0);
+//   Var<bf16> y = mlp(x);  // x [..., 128] -> [..., 128]
+#pragma once
+
+#include "ops/nn/layer_norm.hpp"
+
+namespace tapegrad::nn {
+
+struct LayerNormMLPConfig {
+  std::int64_t intermediate_dim = 2048;
+  Activation activation = Activation::gelu;
+  ClampedSwigluParams clamped_swiglu{};
+  LayerNormConfig norm{};
+  bool use_bias = true;  // wi_bias and wo_bias
+  Initializer kernel_init = Initializer::lecun_normal();
+  Initializer bias_init = Initializer::zeros();
+  Recompute recompute = Recompute::save_all;
+};
+
+template <class P, class C = void>
+  requires ModuleDtypes<P, C>
+class LayerNormMLP : public Module {
+ public:
+  LayerNormMLP(std::int64_t hidden, LayerNormMLPConfig config, std::uint64_t seed)
+      : Module("LayerNormMLP"), config_(std::move(config)), norm_(*this, hidden, config_.norm, seed) {
+    const std::int64_t n = activation_width(config_.activation), F = config_.intermediate_dim;
+    check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
+    // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.
+    init_parameter("wi_kernel", wi_kernel_, config_.kernel_init, {hidden, n, F}, seed,
+                   {.in = {0}, .out = {2}, .batch = {1}});
+    if (config_.use_bias) init_parameter("wi_bias", wi_bias_, config_.bias_init, {n, F}, seed);
+    init_parameter("wo_kernel", wo_kernel_, config_.kernel_init, {F, hidden}, seed);
+    if (config_.use_bias) init_parameter("wo_bias", wo_bias_, config_.bias_init, {hidden}, seed);
+  }
+
+  // x [..., H] in any dtype -> [..., H] in the compute dtype.
+  template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {
+    return traced([this](const Var<T>& x) { return forward(x, false).output; }, x);
+  }
+  // {output [..., H], layernorm_output [..., H]}, both in the compute dtype and differentiable.
+  template <class T> LayerNormOutputs<compute_of<C, T>> with_layernorm_output(const Var<T>& x) const {
+    return traced([this](const Var<T>& x) { return forward(x, true); }, x);
+  }
+
+  const Var<P>& scale() const { return norm_.scale; }
+  const Var<P>& ln_bias() const { return norm_.ln_bias; }
+  const Var<P>& wi_kernel() const { return wi_kernel_; }
+  const Var<P>& wi_bias() const { return wi_bias_; }
+  const Var<P>& wo_kernel() const { return wo_kernel_; }
+  const Var<P>& wo_bias() const { return wo_bias_; }
+
+ private:
+  template <class T>
+  LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x, bool return_layernorm_output) const {
+    check_input(x.shape(), norm_.hidden());
+    const LayerNormMLPOptions options{.norm = config_.norm.norm_type,
+                                      .zero_centered_gamma = config_.norm.zero_centered_gamma,
+                                      .epsilon = config_.norm.epsilon,
+                                      .activation = config_.activation,
+                                      .clamped_swiglu = config_.clamped_swiglu,
+                                      .return_layernorm_output = return_layernorm_output,
+                                      .recompute = config_.recompute};
+    auto [y, h] = layernorm_mlp(cast<compute_of<C, T>>(x), norm_.scale, norm_.ln_bias,
+                                MLPKernels<P>{wi_kernel_, wo_kernel_}, MLPBiases<P>{wi_bias_, wo_bias_}, options);
+    return {y, h};
+  }
+
+  LayerNormMLPConfig config_;
+  detail::NormParameters<P> norm_;
+  Var<P> wi_kernel_, wi_bias_, wo_kernel_, wo_bias_;
+};
+
+}  // namespace tapegrad::nn

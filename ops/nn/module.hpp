@@ -1,0 +1,100 @@
+// nn::Module: the base of every neural-network module. A module owns named parameters and names its child
+// modules; parameters() walks both, giving dotted paths ("attn.qkv.kernel").
+//
+// Parameters and children are registered BY ADDRESS (a subclass registers its own members), so a Module is
+// neither copyable nor movable: a copy would still point at the original's members.
+//
+//   template <class P, class C = void> class Block : public nn::Module {
+//    public:
+//     Block(std::int64_t hidden, std::uint64_t seed)
+//         : Module("Block"), proj_(hidden, {.dense = {.features = hidden}}, nn::derive_seed(seed, "proj")) {
+//       add_child("proj", proj_);
+//     }
+//     template <class T> auto operator()(const Var<T>& x) const {
+//       return traced([this](const Var<T>& x) { return proj_(x); }, x);  // reports the call to summary()
+//     }
+//    private:
+//     nn::LayerNormDense<P, C> proj_;
+//   };
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ops/nn/call_trace.hpp"
+#include "ops/nn/parameter.hpp"
+#include "tensor/initializers.hpp"
+
+namespace tapegrad::nn {
+
+// A seed for the part of a module called `name`, derived from the module's seed: each parameter and child draws
+// from its own stream, and the same seed always gives the same parameters.
+std::uint64_t derive_seed(std::uint64_t seed, std::string_view name);
+
+class Module {
+ public:
+  struct Child {
+    std::string name;
+    Module* module;
+  };
+
+  explicit Module(std::string type_name);
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The module's kind, as summary() shows it ("LayerNormDense").
+  const std::string& type_name() const { return type_name_; }
+  // This module's own parameters, named without a prefix, in registration order.
+  ParameterList own_parameters() const;
+  // Own parameters, then each child's (depth first, in registration order), with dotted paths.
+  ParameterList parameters() const;
+  const std::vector<Child>& children() const { return children_; }
+
+  // Points parameter `path` (dotted, as parameters() names it) at `value`, which must have the parameter's dtype
+  // and shape; the module then computes with `value`. (How a test differentiates a module with respect to Vars it
+  // did not create, or how trained values are loaded.)
+  void set_parameter(std::string_view path, const AnyVar& value);
+
+  // Registers `parameter`, a member of the subclass, as own parameter `name`.
+  template <class P> void add_parameter(std::string name, Var<P>& parameter) {
+    static_assert(is_float_dtype_v<P>, "parameters are f32, f64, bf16 or f16");
+    check_new_name(name, parameter.defined());
+    parameters_.push_back({std::move(name), &parameter});
+  }
+  // Makes `parameter` directly in P from `init` (drawn from derive_seed(seed, name)) and registers it.
+  template <class P>
+  void init_parameter(std::string name, Var<P>& parameter, const Initializer& init, const Shape& shape,
+                      std::uint64_t seed, const FanAxes& axes = {}) {
+    parameter = param(init.make<P>(shape, derive_seed(seed, name), axes));
+    add_parameter(std::move(name), parameter);
+  }
+  // Registers `child`, a member of the subclass, as child `name`.
+  void add_child(std::string name, Module& child);
+
+ protected:
+  // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...).
+  template <class Body, class... Inputs> auto traced(Body&& body, const Inputs&... inputs) const {
+    return trace_call(*this, std::forward<Body>(body), inputs...);
+  }
+  // Throws naming this module unless x has at least `min_rank` axes and the last has size `features`.
+  void check_input(const Shape& x, std::int64_t features, int min_rank = 1) const;
+
+ private:
+  using ParameterSlot = std::variant<Var<float>*, Var<double>*, Var<bf16>*, Var<f16>*>;
+  struct OwnParameter {
+    std::string name;
+    ParameterSlot slot;
+  };
+  void check_new_name(const std::string& name, bool defined) const;
+
+  std::string type_name_;
+  std::vector<OwnParameter> parameters_;
+  std::vector<Child> children_;
+};
+
+}  // namespace tapegrad::nn
