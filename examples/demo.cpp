@@ -1,5 +1,6 @@
-// The demo: trains a small LayerNorm -> Dense -> GELU -> Dense regressor on synthetic data with plain SGD,
-// printing the loss as it falls, then gradchecks the same model in double precision.
+// The demo: a small transformer-style regressor (two residual LayerNormMLP blocks and a linear head) trained with
+// AdamW on synthetic data it generates, printing the model summary and the loss as it falls; then the trained
+// first block, in double, is gradchecked against central differences.
 //
 //   demo [cpu|cuda]
 #include <cstdio>
@@ -12,42 +13,43 @@ using namespace tapegrad;
 
 namespace {
 
-template <class T> struct Model {
-  Var<T> gamma, beta, w1, b1, w2, b2;
-
-  static Model init(std::int64_t in, std::int64_t hidden, std::uint64_t seed) {
-    const double scale1 = 1.0 / std::sqrt(double(in)), scale2 = 1.0 / std::sqrt(double(hidden));
-    return {param(ones<T>({in})),        param(zeros<T>({in})),
-            param(randn<T>({in, hidden}, seed, 0.0, scale1)), param(zeros<T>({hidden})),
-            param(randn<T>({hidden, 1}, seed + 1, 0.0, scale2)), param(zeros<T>({1}))};
+// x [N, D] -> [N, 1]: h = x + mlp0(x); h = h + mlp1(h); y = head(h).
+template <class P> class ResidualMLP : public nn::Module {
+ public:
+  ResidualMLP(std::int64_t features, const nn::LayerNormMLPConfig& block, std::uint64_t seed)
+      : Module("ResidualMLP"),
+        block0_(features, block, nn::derive_seed(seed, "block0")),
+        block1_(features, block, nn::derive_seed(seed, "block1")),
+        head_(features, {.features = 1}, nn::derive_seed(seed, "head")) {
+    add_child("block0", block0_);
+    add_child("block1", block1_);
+    add_child("head", head_);
   }
-  std::vector<Var<T>*> parameters() { return {&gamma, &beta, &w1, &b1, &w2, &b2}; }
 
-  Var<T> operator()(const Var<T>& x) const {
-    Var<T> h = gelu(matmul(layernorm(x, gamma, beta), w1) + b1);
-    return matmul(h, w2) + b2;
+  template <class T> Var<T> operator()(const Var<T>& x) const {
+    return traced(
+        [this](const Var<T>& x) {
+          const Var<T> h = x + block0_(x);
+          return head_(Var<T>(h + block1_(h)));
+        },
+        x);
   }
+
+  const nn::LayerNormMLP<P>& block0() const { return block0_; }
+
+ private:
+  nn::LayerNormMLP<P> block0_, block1_;
+  nn::Dense<P> head_;
 };
 
-// y = tanh(x · w) + 0.1·x₀²: smooth, nonlinear, and learnable by the model.
-template <class T> Tensor<T> make_targets(const Tensor<T>& x, std::uint64_t seed) {
+// y = tanh(2·x₀·x₁) + tanh(x · w): smooth, nonlinear, with an interaction a linear model cannot fit.
+Tensor<float> make_targets(const Tensor<float>& x, std::uint64_t seed) {
   NoGradGuard no_grad;
-  const auto w = constant(randn<T>({x.dim(1), 1}, seed));
-  Var<T> x0 = slice(constant(x), 1, 0, 1);
-  Var<T> y = tanh(matmul(constant(x), w)) + square(x0) * 0.1;
+  const Var<float> inputs = constant(x);
+  const Var<float> x0 = slice(inputs, 1, 0, 1), x1 = slice(inputs, 1, 1, 2);
+  const Var<float> w = constant(randn<float>({x.dim(1), 1}, seed, 0.0, 0.5));
+  const Var<float> y = tanh(x0 * x1 * 2.0) + tanh(matmul(inputs, w));
   return y.value();
-}
-
-void sgd_step(std::vector<Var<float>*> params, std::vector<Tensor<float>>& velocity, float lr, float momentum) {
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    Tensor<float> value = params[i]->value();  // a handle: updates the parameter in place
-    const Tensor<float>& grad = params[i]->grad();
-    for (std::int64_t e = 0; e < value.numel(); ++e) {
-      velocity[i].flat(e) = momentum * velocity[i].flat(e) + grad.flat(e);
-      value.flat(e) -= lr * velocity[i].flat(e);
-    }
-    params[i]->zero_grad();
-  }
 }
 
 }  // namespace
@@ -55,41 +57,43 @@ void sgd_step(std::vector<Var<float>*> params, std::vector<Tensor<float>>& veloc
 int main(int argc, char** argv) {
   const std::string device = argc > 1 ? argv[1] : "cpu";
   if (device != "cpu") {
-    std::fprintf(stderr, "demo: device '%s' is not available: this build runs on the cpu only so far\n",
+    std::fprintf(stderr, "demo: device '%s' is not available: this build trains on the cpu only so far\n",
                  device.c_str());
     return 2;
   }
-  constexpr std::int64_t samples = 512, features = 16, hidden = 64;
+  constexpr std::int64_t samples = 512, features = 16;
+  const nn::LayerNormMLPConfig block{.intermediate_dim = 64, .activation = Activation::swiglu};
   const Tensor<float> x = randn<float>({samples, features}, 7);
   const Var<float> inputs = constant(x), targets = constant(make_targets(x, 8));
 
-  Model<float> model = Model<float>::init(features, hidden, 9);
-  std::int64_t count = 0;
-  for (auto* p : model.parameters()) count += p->numel();
-  std::printf("model: layernorm(%ld) -> dense(%ld -> %ld) -> gelu -> dense(%ld -> 1): %ld parameters\n",
-              features, features, hidden, hidden, count);
+  ResidualMLP<float> model(features, block, /*seed=*/9);
+  std::printf("%s\n", nn::summary(model, x).c_str());
 
-  std::vector<Tensor<float>> velocity;
-  for (auto* p : model.parameters()) velocity.push_back(zeros<float>(p->shape()));
+  optim::AdamW optimizer(model.parameters(), {.lr = 3e-3, .weight_decay = 1e-4});
   Tape& tape = Tape::active();
   for (int step = 0; step <= 300; ++step) {
     Var<float> loss = mse_loss(model(inputs), targets);
     backward(loss);
-    if (step % 30 == 0) std::printf("step %3d  loss %.5f  (tape: %zu nodes)\n", step, loss.value().item(), tape.size());
-    sgd_step(model.parameters(), velocity, 0.05f, 0.9f);
+    if (step % 30 == 0) std::printf("step %3d  loss %.3e  (tape: %zu nodes)\n", step, loss.value().item(), tape.size());
+    optimizer.step();
+    optimizer.zero_grad();
     tape.clear();
   }
 
-  // The same model in double, checked against central differences.
-  Model<double> small = Model<double>::init(6, 5, 11);
-  const Tensor<double> xs = randn<double>({4, 6}, 12), ys = randn<double>({4, 1}, 13);
-  const GradcheckResult check = gradcheck(
-      [&](const std::vector<Var<double>>& p) {
-        Model<double> m{p[0], p[1], p[2], p[3], p[4], p[5]};
-        return mse_loss(m(constant(xs)), constant(ys));
+  // The trained first block, in double: its layernorm_mlp node against central differences, with respect to the
+  // input and every parameter.
+  nn::LayerNormMLP<double> check_block(features, block, 0);
+  std::vector<Tensor<double>> values{randn<double>({4, features}, 12)};
+  for (const nn::NamedParameter& p : model.block0().parameters()) {
+    values.push_back(cast<double>(std::get<Var<float>>(p.var).value()));
+  }
+  const nn::ParameterList paths = check_block.parameters();
+  const GradcheckResult result = gradcheck(
+      [&](const std::vector<Var<double>>& in) {
+        for (std::size_t i = 0; i < paths.size(); ++i) check_block.set_parameter(paths[i].path, in[i + 1]);
+        return check_block(in[0]);
       },
-      {small.gamma.value(), small.beta.value(), small.w1.value(), small.b1.value(), small.w2.value(),
-       small.b2.value()});
-  std::printf("%s\n", check.report.c_str());
-  return check ? 0 : 1;
+      values);
+  std::printf("gradcheck of the trained block0 in double: %s\n", result.report.c_str());
+  return result ? 0 : 1;
 }
