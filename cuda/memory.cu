@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <memory>
 #include <mutex>
 #include <vector>
 
