@@ -120,12 +120,18 @@ inline void check_input(const std::string& name, std::size_t i, const VarSlot& s
     throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() + why);
   }
 }
+// Until ops have GPU paths, every custom op runs its forward on the host: inputs must all be on the cpu.
 template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
   [[maybe_unused]] std::size_t i = 0;
   (check_input(name, i++, *inputs.slot()), ...);
+  if constexpr (sizeof...(Ts) > 0) check_cpu_inputs(name, inputs...);
 }
 template <class T> void check_inputs(const std::string& name, const std::vector<Var<T>>& inputs) {
-  for (std::size_t i = 0; i < inputs.size(); ++i) check_input(name, i, *inputs[i].slot());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_input(name, i, *inputs[i].slot());
+    check_device_matches(name, inputs[0].device(), i, inputs[i].device());
+  }
+  if (!inputs.empty()) check_on_cpu(name, 0, inputs[0].device());
 }
 
 // The node of a custom op over a list of inputs of one dtype, with one output.

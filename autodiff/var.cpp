@@ -10,6 +10,7 @@ template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g)
     sum = g;
     return;
   }
+  check_on_cpu("gradient accumulation", 0, g.device());  // the sum below runs on the host
   Tensor<T> total(sum.shape());
   auto out = flat_view(total);
   auto a = flat_view(std::as_const(sum));
@@ -22,6 +23,10 @@ template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, const std::st
   if (!(g.shape() == value.shape())) {
     throw AutodiffError(who + ": backward returned a gradient of shape " + g.shape().str() + " for a " +
                         std::string(dtype_name(dtype_v<T>)) + " input of shape " + value.shape().str());
+  }
+  if (!(g.device() == value.device())) {
+    throw AutodiffError(who + ": backward returned a gradient on " + g.device().str() + " for an input on " +
+                        value.device().str());
   }
   add_into(is_leaf() ? grad : pending, g);
 }
@@ -40,6 +45,10 @@ template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardO
     throw AutodiffError("backward: the seed gradient has shape " + dy.shape().str() + " but the output has shape " +
                         y.shape().str());
   }
+  if (!(dy.device() == y.device())) {
+    throw AutodiffError("backward: the seed gradient is on " + dy.device().str() + " but the output is on " +
+                        y.device().str());
+  }
   slot.accumulate(dy, "backward (seed gradient)");
   if (!slot.is_leaf()) slot.tape->backward(slot, options.retain_graph);
 }
@@ -49,7 +58,7 @@ template <class T> void backward(const Var<T>& y, BackwardOptions options) {
     throw AutodiffError("backward: output of shape " + y.shape().str() +
                         " is not a scalar; pass a seed gradient of that shape: backward(y, dy)");
   }
-  backward(y, ones<T>(y.shape()), options);
+  backward(y, ones<T>(y.shape()).to(y.device()), options);
 }
 
 #define TAPEGRAD_INSTANTIATE_VAR(T)                                                 \

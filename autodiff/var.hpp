@@ -51,6 +51,7 @@ template <class T> class Var {
   // The accumulated gradient; an undefined tensor if none has arrived (check `grad().defined()`).
   const Tensor<T>& grad() const { return impl().grad; }
   const Shape& shape() const { return impl().value.shape(); }
+  Device device() const { return impl().value.device(); }
   std::int64_t numel() const { return impl().value.numel(); }
   bool requires_grad() const { return impl().requires_grad; }
   bool is_leaf() const { return impl().is_leaf(); }

@@ -1,5 +1,7 @@
 // Every CUDA runtime call and kernel launch goes through these checks: a failure throws tapegrad::Error naming
-// the call, the file and line, and CUDA's own description of the error.
+// the call, the file and line, and CUDA's own description of the error. The runtime also keeps a failed call's
+// error as its "last error", which the launch check reads: throwing clears it, so that a later launch is not blamed
+// for it (an error that corrupts the context stays sticky regardless).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +13,7 @@
 namespace tapegrad::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  cudaGetLastError();
   throw Error(std::string("CUDA error at ") + file + ":" + std::to_string(line) + ": " + call + " failed: " +
               cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }

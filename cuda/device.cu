@@ -4,21 +4,34 @@
 
 namespace tapegrad::cuda {
 
-int device_count() {
+namespace {
+int query_device_count() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
-    cudaGetLastError();  // clear the sticky error so later calls are not confused by it
+    cudaGetLastError();  // clear the error so that later checks are not confused by it
     return 0;
   }
   TAPEGRAD_CUDA_CHECK(err);
   return count;
 }
+}  // namespace
+
+int device_count() {
+  static const int count = query_device_count();  // the visible devices do not change while the process runs
+  return count;
+}
+
+void check_device_index(int index, const char* op) {
+  const int count = device_count();
+  if (index >= 0 && index < count) return;
+  check(count > 0, op, "device cuda:", index, " is not available: no CUDA device is visible");
+  check(false, op, "device cuda:", index, " does not exist (", count,
+        count == 1 ? " CUDA device is visible)" : " CUDA devices are visible)");
+}
 
 std::string device_description(int index) {
-  const int count = device_count();
-  check(index >= 0 && index < count, "cuda", "device cuda:", index, " does not exist (", count,
-        " CUDA devices are visible)");
+  check_device_index(index, "cuda");
   cudaDeviceProp prop{};
   TAPEGRAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   const double gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);

@@ -5,8 +5,11 @@
 
 namespace tapegrad::cuda {
 
-// Number of usable CUDA devices; 0 when there is no GPU or no driver (never throws for that case).
+// Number of usable CUDA devices, read once per process; 0 when there is no GPU or no driver (never throws for that).
 int device_count();
+// Throws tapegrad::Error "<op>: device cuda:N does not exist (K CUDA devices are visible)" (or "is not available:
+// no CUDA device is visible") unless 0 <= index < device_count().
+void check_device_index(int index, const char* op);
 // "NVIDIA H200 (sm_90, 139 GiB)"; throws tapegrad::Error for a device index that does not exist.
 std::string device_description(int index);
 

@@ -93,6 +93,7 @@ template <class Visit> void for_each_broadcast(const Shape& from, const Shape& t
 }  // namespace
 
 template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
+  check_on_cpu("expand_to", 0, t.device());
   check(broadcast_shapes(t.shape(), shape, "expand_to") == shape, "expand_to", "cannot expand shape ",
         t.shape(), " to ", shape);
   Tensor<T> out(shape);
@@ -104,6 +105,7 @@ template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
 
 template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape) {
   if (g.shape() == shape) return g;
+  check_on_cpu("sum_to", 0, g.device());
   check(broadcast_shapes(shape, g.shape(), "sum_to") == g.shape(), "sum_to", "cannot reduce shape ",
         g.shape(), " to ", shape);
   using C = compute_t<T>;

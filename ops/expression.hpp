@@ -256,14 +256,19 @@ template <class E> Var<typename E::element_type> evaluate(const E& e) {
   e.collect(slots);
   std::vector<Shape> shapes;
   std::vector<const Tensor<T>*> leaves;
+  const Device device = slots.front()->value.device();  // every expression has a leaf
   for (std::size_t k = 0; k < slots.size(); ++k) {
     if (const char* why = unusable_input_reason(*slots[k])) {
       throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() +
                           why);
     }
+    // The device checks of tensor/device_checks.hpp, with the expression described only on failure.
+    const Device operand_device = slots[k]->value.device();
+    if (!(operand_device == device)) detail::throw_mixed_devices(describe(e), device, k, operand_device);
     shapes.push_back(slots[k]->value.shape());
     leaves.push_back(&slots[k]->value);
   }
+  if (!device.is_cpu()) detail::throw_cpu_only(describe(e), 0, device);  // no GPU path yet
   const BroadcastPlan plan = [&] {
     try {
       return plan_broadcast(shapes, "elementwise");

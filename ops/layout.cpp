@@ -228,6 +228,7 @@ template <class T> Tensor<T> permute(const Tensor<T>& t, const std::vector<int>&
   const Shape out_shape(out_dims);
   const std::vector<Walk::Axis> axes = simplify_permutation(t.shape(), perm);
   if (axes.size() <= 1 || t.numel() == 0) return t.reshape(out_shape);  // no element moves
+  check_on_cpu(op, 0, t.device());
   Tensor<T> out(out_shape);
   copy_permuted(t.data(), out.data(), axes);
   return out;

@@ -177,6 +177,7 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
 
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::int64_t>& labels) {
   using Saved = CrossEntropySaved<T, Tensor<std::int64_t>>;
+  check_same_device("cross_entropy", logits, labels);
   check_labels(logits.shape(), labels);
   return custom_op<Saved>(
       "cross_entropy", [&](Saved& s, const Tensor<T>& x) { return cross_entropy_forward(s, x, labels); },

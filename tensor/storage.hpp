@@ -1,4 +1,5 @@
-// Reference-counted, 64-byte aligned memory shared by tensors and their reshaped views.
+// Reference-counted memory shared by tensors and their reshaped views: 64-byte aligned host memory, or device
+// memory from the CUDA backend's stream-ordered pool (cuda/memory.hpp).
 #pragma once
 
 #include <cstddef>
@@ -6,12 +7,16 @@
 
 #include "tensor/device.hpp"
 
+struct CUstream_st;
+
 namespace tapegrad {
 
 class Storage {
  public:
+  // Throws tapegrad::Error for a device that this build or machine does not have, OutOfMemoryError when a device
+  // is out of memory.
   static std::shared_ptr<Storage> allocate(std::size_t bytes, Device device = Device::cpu());
-  ~Storage();
+  ~Storage();  // never throws: device memory goes back to its pool, ordered on the stream it was allocated on
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
@@ -20,10 +25,16 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Storage(void* data, std::size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
+  Storage(void* data, std::size_t bytes, Device device, CUstream_st* stream)
+      : data_(data), bytes_(bytes), device_(device), stream_(stream) {}
   void* data_;
   std::size_t bytes_;
   Device device_;
+  CUstream_st* stream_;  // device memory: the stream it was allocated on and is freed on
 };
+
+// Copies `bytes` from `src` on `from` to `dst` on `to`. A copy that involves host memory has finished on return;
+// one within a device is ordered on the device's current stream.
+void copy_bytes(void* dst, Device to, const void* src, Device from, std::size_t bytes);
 
 }  // namespace tapegrad

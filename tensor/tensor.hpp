@@ -1,7 +1,9 @@
 // Tensor<T>: an owning, reference-counted, row-major contiguous array of rank 0..8.
 //
 // Copies share storage (like a shared_ptr); `clone()` copies the data. `reshape` returns a view on the same
-// storage. Tensors know nothing of the tape.
+// storage. A tensor lives on one device (cpu or cuda:N); `to(device)` copies it there. Element access (flat,
+// operator(), item, span, to_vector) reads host memory, so on a device tensor it throws naming the access and the
+// device; `data()` is the raw pointer on any device. Tensors know nothing of the tape.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "tensor/device.hpp"
+#include "tensor/device_checks.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/error.hpp"
 #include "tensor/shape.hpp"
@@ -25,7 +28,8 @@ template <class T> class Tensor {
   Tensor() = default;  // undefined: no storage; `defined()` is false
   explicit Tensor(Shape shape, Device device = Device::cpu())
       : storage_(Storage::allocate(static_cast<std::size_t>(shape.numel()) * sizeof(T), device)),
-        shape_(shape) {}
+        shape_(shape),
+        device_(device) {}
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -33,21 +37,38 @@ template <class T> class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   std::int64_t dim(int axis) const { return shape_.dim(axis); }
   static constexpr DType dtype() { return dtype_v<T>; }
-  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  Device device() const { return device_; }
 
   T* data() { return static_cast<T*>(storage_ ? storage_->data() : nullptr) + offset_; }
   const T* data() const { return static_cast<const T*>(storage_ ? storage_->data() : nullptr) + offset_; }
-  std::span<T> span() { return {data(), static_cast<std::size_t>(numel())}; }
-  std::span<const T> span() const { return {data(), static_cast<std::size_t>(numel())}; }
+  std::span<T> span() {
+    on_host("span");
+    return {data(), static_cast<std::size_t>(numel())};
+  }
+  std::span<const T> span() const {
+    on_host("span");
+    return {data(), static_cast<std::size_t>(numel())};
+  }
 
   // Element access by flat (row-major) index, and by multi-index.
-  T& flat(std::int64_t i) { return data()[i]; }
-  const T& flat(std::int64_t i) const { return data()[i]; }
-  template <class... I> T& operator()(I... idx) { return data()[offset_of({static_cast<std::int64_t>(idx)...})]; }
+  T& flat(std::int64_t i) {
+    on_host("flat");
+    return data()[i];
+  }
+  const T& flat(std::int64_t i) const {
+    on_host("flat");
+    return data()[i];
+  }
+  template <class... I> T& operator()(I... idx) {
+    on_host("index");
+    return data()[offset_of({static_cast<std::int64_t>(idx)...})];
+  }
   template <class... I> const T& operator()(I... idx) const {
+    on_host("index");
     return data()[offset_of({static_cast<std::int64_t>(idx)...})];
   }
   T item() const {
+    on_host("item");
     check(numel() == 1, "item", "tensor of shape ", shape_, " has ", numel(), " elements, not 1");
     return data()[0];
   }
@@ -60,16 +81,29 @@ template <class T> class Tensor {
     view.shape_ = shape;
     return view;
   }
-  Tensor clone() const {
-    Tensor copy(shape_, device());
-    std::copy(span().begin(), span().end(), copy.span().begin());
-    return copy;
+  // This tensor on `device`: itself when it is already there, else a copy. A copy to or from the cpu has finished
+  // when `to` returns.
+  Tensor to(Device device) const { return device == device_ ? *this : copy_to(device); }
+  // A copy of the data on the same device (on a GPU, queued on the device's current stream).
+  Tensor clone() const { return copy_to(device_); }
+  std::vector<T> to_vector() const {
+    on_host("to_vector");
+    return {data(), data() + numel()};
   }
-  std::vector<T> to_vector() const { return {span().begin(), span().end()}; }
   // Whether both tensors use the same memory (views of one another).
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
 
  private:
+  // One compare on the access path; the message is built out of line.
+  void on_host(const char* op) const {
+    if (!device_.is_cpu()) [[unlikely]] detail::throw_not_on_host(op, device_);
+  }
+  Tensor copy_to(Device device) const {
+    if (!defined()) return {};
+    Tensor copy(shape_, device);
+    copy_bytes(copy.data(), device, data(), device_, static_cast<std::size_t>(numel()) * sizeof(T));
+    return copy;
+  }
   std::int64_t offset_of(std::initializer_list<std::int64_t> idx) const {
     check(static_cast<int>(idx.size()) == rank(), "index", "got ", idx.size(), " indices for a tensor of shape ",
           shape_);
@@ -87,6 +121,7 @@ template <class T> class Tensor {
   std::shared_ptr<Storage> storage_;
   std::int64_t offset_ = 0;
   Shape shape_;
+  Device device_;  // the storage's, kept here so that element access checks it without following the pointer
 };
 
 // Element-type conversion with round-to-nearest-even.
@@ -94,6 +129,7 @@ template <class To, class From> Tensor<To> cast(const Tensor<From>& t) {
   if constexpr (std::is_same_v<To, From>) {
     return t;
   } else {
+    check_on_cpu("cast", 0, t.device());  // the GPU kernel comes with the GPU elementwise ops
     Tensor<To> out(t.shape(), t.device());
     const From* src = t.data();
     To* dst = out.data();

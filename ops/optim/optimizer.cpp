@@ -17,7 +17,9 @@ const void* identity(const nn::AnyVar& var) {
   return std::visit([](const auto& v) -> const void* { return v.slot().get(); }, var);
 }
 
-template <class T> void check_gradient(std::string_view optimizer, const std::string& path, const Var<T>& var) {
+template <class T> void check_parameter(std::string_view optimizer, const std::string& path, const Var<T>& var) {
+  check(var.device().is_cpu(), optimizer, "parameter '", path, "' is on ", var.device(),
+        ", but this optimizer runs on the cpu only so far");
   const Tensor<T>& grad = var.grad();
   check(!grad.defined() || grad.shape() == var.shape(), optimizer, "parameter '", path, "' has a gradient of shape ",
         grad.shape().str(), " but its value has shape ", var.shape().str());
@@ -49,9 +51,9 @@ void Optimizer::require(bool ok, std::string_view what, std::string_view rule, d
 }
 
 void Optimizer::step() {
-  // Every gradient is checked before any parameter changes, so that a bad one leaves them all as they were.
+  // Every parameter is checked before any changes, so that a bad one leaves them all as they were.
   for (const nn::NamedParameter& p : parameters_) {
-    std::visit([&](const auto& var) { check_gradient(name_, p.path, var); }, p.var);
+    std::visit([&](const auto& var) { check_parameter(name_, p.path, var); }, p.var);
   }
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     std::visit([&](const auto& var) { update_parameter(var, states_[i]); }, parameters_[i].var);
