@@ -113,6 +113,9 @@ Block device_allocate(std::size_t bytes, int device) {
     err = try_allocate(&ptr, bytes, s, stream);
   }
   if (err == cudaErrorMemoryAllocation) {
+    // A failed request can leave the pool holding what it gathered for it (seen on an H200: all of the card): give
+    // it back, so that an out-of-memory error does not starve the rest of the process or other processes.
+    TAPEGRAD_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
     const MemoryStats stats = memory_stats(device);
     throw OutOfMemoryError("allocate", Device::cuda(device), bytes, stats.device_free, stats.device_total);
   }
