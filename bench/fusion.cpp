@@ -38,6 +38,15 @@ const Form forms[] = {
        const Var<float> sa = sigmoid(a), tb = tanh(b), st = sa * tb, cc = c * c;
        return st + cc;
      }},
+    {"gelu_tanh(a)*silu(b)+c", "fused",
+     [](const Var<float>& a, const Var<float>& b, const Var<float>& c) -> Var<float> {
+       return gelu_tanh(a) * silu(b) + c;
+     }},
+    {"gelu_tanh(a)*silu(b)+c", "op_by_op",
+     [](const Var<float>& a, const Var<float>& b, const Var<float>& c) -> Var<float> {
+       const Var<float> ga = gelu_tanh(a), sb = silu(b), gs = ga * sb;
+       return gs + c;
+     }},
 };
 
 }  // namespace

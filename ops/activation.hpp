@@ -1,8 +1,9 @@
 // Activation functions as elementwise expressions: they fuse with the arithmetic around them into one node.
-// tanh and sigmoid use Eigen's vectorized kernels; the others evaluate ops/activation_math.hpp per element.
+// tanh and sigmoid use Eigen's kernels; the others the array formulas of ops/activation_arrays.hpp, which
+// layernorm_mlp shares. All are vectorized.
 #pragma once
 
-#include "ops/activation_math.hpp"
+#include "ops/activation_arrays.hpp"
 #include "ops/elementwise.hpp"
 
 namespace tapegrad {
@@ -24,30 +25,42 @@ struct Sigmoid {
   }
 };
 
-// An activation given by a scalar function and its derivative (functors over float or double).
-template <class Value, class Derivative, const char* Name> struct ScalarActivation {
-  static const char* name() { return Name; }
-  template <class X> auto forward(const X& x) const { return x.unaryExpr(Value{}); }
-  template <class X, class G> auto backward(const X& x, const G& g) const { return g * x.unaryExpr(Derivative{}); }
+// Evaluates the array function Fn of ops/activation_arrays.hpp (its derivative when Derivative is true) as an Eigen
+// functor: packetOp gives it one packet as a fixed-size array, so a Tensor expression of it stays vectorized; the
+// scalar tail of a loop goes through the same formula, as a 1-element array. (functor_traits, at the end of this
+// file, tells Eigen that packetOp exists.)
+template <class Fn, bool Derivative> struct ArrayFunctor {
+  Fn fn;
+  template <class A> A apply(const A& x) const {
+    A value, grad;
+    if constexpr (Derivative) {
+      fn(x, value, &grad);  // the unused value is cheap beside the exp both share
+      return grad;
+    } else {
+      fn(x, value, nullptr);
+      return value;
+    }
+  }
+  template <class S> S operator()(S x) const {
+    using One = Eigen::Array<S, 1, 1>;
+    return apply<One>(One::Constant(x))(0);
+  }
+  template <class P> P packetOp(const P& x) const {
+    using S = typename Eigen::internal::unpacket_traits<P>::type;
+    Eigen::Array<S, Eigen::internal::unpacket_traits<P>::size, 1> xs;
+    Eigen::internal::pstoreu(xs.data(), x);
+    return Eigen::internal::ploadu<P>(apply(xs).data());
+  }
 };
 
-#define TAPEGRAD_SCALAR_FUNCTOR(NAME, FN)                    \
-  struct NAME {                                              \
-    template <class S> S operator()(S x) const { return FN(x); } \
-  };
-TAPEGRAD_SCALAR_FUNCTOR(ReluValue, activation::relu)
-TAPEGRAD_SCALAR_FUNCTOR(ReluGrad, activation::relu_grad)
-TAPEGRAD_SCALAR_FUNCTOR(GeluValue, activation::gelu_erf)
-TAPEGRAD_SCALAR_FUNCTOR(GeluGrad, activation::gelu_erf_grad)
-TAPEGRAD_SCALAR_FUNCTOR(GeluTanhValue, activation::gelu_tanh)
-TAPEGRAD_SCALAR_FUNCTOR(GeluTanhGrad, activation::gelu_tanh_grad)
-TAPEGRAD_SCALAR_FUNCTOR(SiluValue, activation::silu)
-TAPEGRAD_SCALAR_FUNCTOR(SiluGrad, activation::silu_grad)
-TAPEGRAD_SCALAR_FUNCTOR(QuickGeluValue, activation::quick_gelu)
-TAPEGRAD_SCALAR_FUNCTOR(QuickGeluGrad, activation::quick_gelu_grad)
-TAPEGRAD_SCALAR_FUNCTOR(SquaredReluValue, activation::squared_relu)
-TAPEGRAD_SCALAR_FUNCTOR(SquaredReluGrad, activation::squared_relu_grad)
-#undef TAPEGRAD_SCALAR_FUNCTOR
+template <class Fn, const char* Name> struct ArrayActivation {
+  Fn fn;
+  static const char* name() { return Name; }
+  template <class X> auto forward(const X& x) const { return x.unaryExpr(ArrayFunctor<Fn, false>{fn}); }
+  template <class X, class G> auto backward(const X& x, const G& g) const {
+    return g * x.unaryExpr(ArrayFunctor<Fn, true>{fn});
+  }
+};
 
 inline constexpr char relu_name[] = "relu";
 inline constexpr char gelu_name[] = "gelu";
@@ -55,12 +68,12 @@ inline constexpr char gelu_tanh_name[] = "gelu_tanh";
 inline constexpr char silu_name[] = "silu";
 inline constexpr char quick_gelu_name[] = "quick_gelu";
 inline constexpr char squared_relu_name[] = "squared_relu";
-using Relu = ScalarActivation<ReluValue, ReluGrad, relu_name>;
-using Gelu = ScalarActivation<GeluValue, GeluGrad, gelu_name>;
-using GeluTanh = ScalarActivation<GeluTanhValue, GeluTanhGrad, gelu_tanh_name>;
-using Silu = ScalarActivation<SiluValue, SiluGrad, silu_name>;
-using QuickGelu = ScalarActivation<QuickGeluValue, QuickGeluGrad, quick_gelu_name>;
-using SquaredRelu = ScalarActivation<SquaredReluValue, SquaredReluGrad, squared_relu_name>;
+using Relu = ArrayActivation<detail::ReluFn, relu_name>;
+using Gelu = ArrayActivation<detail::GeluErfFn, gelu_name>;
+using GeluTanh = ArrayActivation<detail::GeluTanhFn, gelu_tanh_name>;
+using Silu = ArrayActivation<detail::SwishFn, silu_name>;
+using QuickGelu = ArrayActivation<detail::SwishFn, quick_gelu_name>;
+using SquaredRelu = ArrayActivation<detail::SquaredReluFn, squared_relu_name>;
 
 }  // namespace ops
 
@@ -72,8 +85,16 @@ template <expr::Operand X> auto relu(const X& x) { return expr::make_unary(ops::
 // gelu(x) uses the exact erf form; gelu_tanh(x) the tanh approximation.
 template <expr::Operand X> auto gelu(const X& x) { return expr::make_unary(ops::Gelu{}, x); }
 template <expr::Operand X> auto gelu_tanh(const X& x) { return expr::make_unary(ops::GeluTanh{}, x); }
-template <expr::Operand X> auto silu(const X& x) { return expr::make_unary(ops::Silu{}, x); }
-template <expr::Operand X> auto quick_gelu(const X& x) { return expr::make_unary(ops::QuickGelu{}, x); }
+template <expr::Operand X> auto silu(const X& x) { return expr::make_unary(ops::Silu{{1.0}}, x); }
+template <expr::Operand X> auto quick_gelu(const X& x) {
+  return expr::make_unary(ops::QuickGelu{{activation::quick_gelu_alpha}}, x);
+}
 template <expr::Operand X> auto squared_relu(const X& x) { return expr::make_unary(ops::SquaredRelu{}, x); }
 
 }  // namespace tapegrad
+
+// ArrayFunctor has a packetOp: let Eigen call it.
+template <class Fn, bool Derivative>
+struct Eigen::internal::functor_traits<tapegrad::ops::ArrayFunctor<Fn, Derivative>> {
+  enum { Cost = 30 * NumTraits<float>::MulCost, PacketAccess = true };
+};

@@ -1,5 +1,6 @@
-// Scalar forms of the activations and their derivatives, in one place so that every backend computes the same
-// thing. Plain C++ (no Eigen, no CUDA types): usable from host code and, through TAPEGRAD_HOST_DEVICE, kernels.
+// Scalar forms of the activations and their derivatives, for the kernels. Plain C++ (no Eigen, no CUDA types):
+// usable from host code and, through TAPEGRAD_HOST_DEVICE, kernels. The CPU evaluates the same functions
+// vectorized, from ops/activation_arrays.hpp, which shares the constants below.
 #pragma once
 
 #include <cmath>
