@@ -1,6 +1,8 @@
 // (d) The layernorm_mlp node against the same block from primitive ops (layernorm_mlp_composite: ~7 nodes), on the
 // CPU, for LN+GELU with biases and LN+SwiGLU. Timed without a tape (NoGradGuard), recorded, and recorded +
 // backward from a random seed; the gradient/forward ratio is (recorded forward + backward) / no_grad forward.
+// Memory: the bytes a recorded forward leaves held beyond its output (what the tape saves for backward), for the
+// node under each recompute policy and for the composite.
 #include <memory>
 
 #include "bench.hpp"
@@ -80,6 +82,39 @@ template <class T> void run_config(const Config& cfg, Activation activation) {
   }
 }
 
+// What the tape keeps after a recorded forward of f, beyond the output.
+template <class T> double saved_bytes(const std::function<Var<T>()>& f) {
+  Tape tape;
+  TapeScope scope(tape);
+  const std::int64_t before = allocated_bytes();
+  const Var<T> y = f();
+  return static_cast<double>(allocated_bytes() - before) - static_cast<double>(y.numel() * sizeof(T));
+}
+
+template <class T> void report_memory(const Config& cfg, Activation activation) {
+  const std::int64_t n = activation_width(activation);
+  const Var<T> x = param(randn<T>({cfg.M, cfg.H}, 1)), gamma = param(ones<T>({cfg.H})), beta = param(zeros<T>({cfg.H}));
+  const MLPKernels<T> kernels{param(randn<T>({cfg.H, n, cfg.F}, 4)), param(randn<T>({cfg.F, cfg.H}, 5))};
+  const MLPBiases<T> biases{param(zeros<T>({n, cfg.F})), param(zeros<T>({cfg.H}))};
+  auto line = [&](const char* form, double bytes) {
+    JsonLine("layernorm_mlp_memory")
+        .str("form", form)
+        .str("activation", activation_name(activation))
+        .shape({cfg.M, cfg.H, cfg.F}, "mhf")
+        .str("dtype", std::string(dtype_name(dtype_v<T>)))
+        .num("saved_bytes", bytes)
+        .num("x_bytes", static_cast<double>(x.numel() * sizeof(T)));
+  };
+  for (Recompute policy : {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all}) {
+    const LayerNormMLPOptions options{.activation = activation, .recompute = policy};
+    line(("node " + std::string(recompute_name(policy))).c_str(),
+         saved_bytes<T>([&] { return layernorm_mlp(x, gamma, beta, kernels, biases, options).y; }));
+  }
+  line("composite", saved_bytes<T>([&] {
+         return layernorm_mlp_composite(x, gamma, beta, kernels, biases, {.activation = activation}).y;
+       }));
+}
+
 }  // namespace
 
 void layernorm_mlp() {
@@ -87,6 +122,7 @@ void layernorm_mlp() {
     for (Activation activation : activations) {
       run_config<float>(cfg, activation);
       run_config<double>(cfg, activation);
+      report_memory<float>(cfg, activation);
     }
   }
 }

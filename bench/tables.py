@@ -67,3 +67,12 @@ if by_group["layernorm_mlp"]:
             f"{c['composite', grad] / c['node', grad]:.2f}x", f"{c['node', grad] / c['node', fwd]:.2f}",
             f"{c['composite', grad] / c['composite', fwd]:.2f}"]
            for key, c in cells.items()])
+
+if by_group["layernorm_mlp_memory"]:
+    cells = defaultdict(dict)
+    for r in by_group["layernorm_mlp_memory"]:
+        m, h, f = r["mhf"]
+        cells[(f"({m}, {h}, {f})", r["dtype"], r["activation"])][r["form"]] = r["saved_bytes"] / r["x_bytes"]
+    forms = ["node save_all", "node recompute_norm", "node recompute_all", "composite"]
+    table(["(M, H, F)", "dtype", "activation"] + [f"{f} (× x)" for f in forms],
+          [[*key, *(f"{c[f]:.2f}" for f in forms)] for key, c in cells.items()])

@@ -152,7 +152,7 @@ template <class T> Tensor<T> activation_forward(const MlpContext<T>& c, const Te
   Tensor<T> a(Shape{M, F});
   detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
-    parallel_for(M, 20 * n * F, [&](std::int64_t begin, std::int64_t end) {
+    parallel_for(M, 2 * n * F, [&](std::int64_t begin, std::int64_t end) {
       detail::Row<C> value(F), gate_value(F);
       for (std::int64_t r = begin; r < end; ++r) {
         const T* zr = z.data() + r * n * F;
@@ -178,7 +178,7 @@ std::vector<compute_t<T>> activation_backward(const MlpContext<T>& c, const Tens
   return detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
     return detail::blocked_row_sum<C>(
-        M, need_db1 ? n * F : 0, 30 * n * F, [&](std::int64_t begin, std::int64_t end, C* db1) {
+        M, need_db1 ? n * F : 0, 3 * n * F, [&](std::int64_t begin, std::int64_t end, C* db1) {
           detail::Row<C> value(F), grad(F), gate_value(F), gate_grad(F), dz0(F), dz1(F);
           for (std::int64_t r = begin; r < end; ++r) {
             const T* zr = z.data() + r * n * F;
