@@ -138,8 +138,13 @@ template <class T> Tensor<T> norm_output(const MlpContext<T>& c) {
   return h;
 }
 
-template <class C, class T> detail::Row<C> widened(const T* values, std::int64_t n) {
-  return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(values, n).template cast<C>();
+template <class T> auto row_of(const T* values, std::int64_t n) {
+  return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(values, n);
+}
+// values [n] widened to C into `buffer`, which keeps its allocation from row to row.
+template <class C, class T> const detail::Row<C>& widen_into(detail::Row<C>& buffer, const T* values, std::int64_t n) {
+  buffer = row_of(values, n).template cast<C>();
+  return buffer;
 }
 template <class T, class C> void store_row(const detail::Row<C>& values, T* out) {
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out, values.size()) = values.template cast<T>();
@@ -153,12 +158,12 @@ template <class T> Tensor<T> activation_forward(const MlpContext<T>& c, const Te
   detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
     parallel_for(M, 2 * n * F, [&](std::int64_t begin, std::int64_t end) {
-      detail::Row<C> value(F), gate_value(F);
+      detail::Row<C> z0(F), z1(F), value(F), gate_value(F);
       for (std::int64_t r = begin; r < end; ++r) {
         const T* zr = z.data() + r * n * F;
-        fn(widened<C>(zr, F), value, nullptr);
+        fn(widen_into(z0, zr, F), value, nullptr);
         if constexpr (gated) {
-          gate(widened<C>(zr + F, F), gate_value, nullptr);
+          gate(widen_into(z1, zr + F, F), gate_value, nullptr);
           value *= gate_value;
         }
         store_row(value, a.data() + r * F);
@@ -179,13 +184,13 @@ std::vector<compute_t<T>> activation_backward(const MlpContext<T>& c, const Tens
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
     return detail::blocked_row_sum<C>(
         M, need_db1 ? n * F : 0, 3 * n * F, [&](std::int64_t begin, std::int64_t end, C* db1) {
-          detail::Row<C> value(F), grad(F), gate_value(F), gate_grad(F), dz0(F), dz1(F);
+          detail::Row<C> z0(F), z1(F), dar(F), value(F), grad(F), gate_value(F), gate_grad(F), dz0(F), dz1(F);
           for (std::int64_t r = begin; r < end; ++r) {
             const T* zr = z.data() + r * n * F;
-            const detail::Row<C> dar = widened<C>(da.data() + r * F, F);
-            fn(widened<C>(zr, F), value, &grad);
+            widen_into(dar, da.data() + r * F, F);
+            fn(widen_into(z0, zr, F), value, &grad);
             if constexpr (gated) {
-              gate(widened<C>(zr + F, F), gate_value, &gate_grad);
+              gate(widen_into(z1, zr + F, F), gate_value, &gate_grad);
               dz0 = dar * gate_value * grad;
               dz1 = dar * value * gate_grad;
               value *= gate_value;
@@ -207,7 +212,7 @@ template <class T> std::vector<compute_t<T>> column_sums(const Tensor<T>& t, std
   using C = compute_t<T>;
   return detail::blocked_row_sum<C>(rows, width, width, [&](std::int64_t begin, std::int64_t end, C* sums) {
     Eigen::Map<detail::Row<C>> total(sums, width);
-    for (std::int64_t r = begin; r < end; ++r) total += widened<C>(t.data() + r * width, width);
+    for (std::int64_t r = begin; r < end; ++r) total += row_of(t.data() + r * width, width).template cast<C>();
   });
 }
 
