@@ -66,10 +66,16 @@ inline std::vector<bool> needs_grad_of(const std::vector<std::shared_ptr<VarSlot
   return needs;
 }
 
-// The gradient that arrived at `output`, or zeros of `shape` when none did.
-template <class R> Tensor<R> output_grad(const std::weak_ptr<VarSlot>& output, const Shape& shape) {
+// Where an output lives: its shape and device.
+struct OutputPlace {
+  Shape shape;
+  Device device;
+};
+
+// The gradient that arrived at `output`, or zeros where the output lives when none did.
+template <class R> Tensor<R> output_grad(const std::weak_ptr<VarSlot>& output, const OutputPlace& place) {
   if (auto slot = output.lock(); slot && slot->has_pending()) return static_cast<const VarImpl<R>&>(*slot).pending;
-  return zeros<R>(shape);
+  return zeros<R>(place.shape, place.device);
 }
 
 // Adds input i's gradient `g`, unless it is not needed or undefined (an undefined gradient means zero).
@@ -84,11 +90,11 @@ template <class Saved, class Backward, class Outputs, class... Ts> class CustomN
 template <class Saved, class Backward, class... Rs, class... Ts>
 class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node {
  public:
-  CustomNode(std::string name, Saved saved, Backward backward, std::array<Shape, sizeof...(Rs)> output_shapes)
+  CustomNode(std::string name, Saved saved, Backward backward, std::array<OutputPlace, sizeof...(Rs)> output_places)
       : Node(std::move(name)),
         saved_(std::move(saved)),
         backward_(std::move(backward)),
-        output_shapes_(output_shapes) {}
+        output_places_(output_places) {}
 
   void backward() override {
     const std::vector<bool> needs = needs_grad_of(inputs);
@@ -103,7 +109,7 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
 
  private:
   template <std::size_t... K> std::tuple<Tensor<Rs>...> output_grads(std::index_sequence<K...>) const {
-    return {output_grad<Rs>(outputs[K], output_shapes_[K])...};
+    return {output_grad<Rs>(outputs[K], output_places_[K])...};
   }
   template <std::size_t... I>
   void accumulate(const std::tuple<Tensor<Ts>...>& grads, const std::vector<bool>& needs, std::index_sequence<I...>) {
@@ -112,7 +118,7 @@ class CustomNode<Saved, Backward, std::tuple<Rs...>, Ts...> final : public Node 
 
   std::optional<Saved> saved_;
   Backward backward_;
-  std::array<Shape, sizeof...(Rs)> output_shapes_;
+  std::array<OutputPlace, sizeof...(Rs)> output_places_;
 };
 
 inline void check_input(const std::string& name, std::size_t i, const VarSlot& slot) {
@@ -120,29 +126,28 @@ inline void check_input(const std::string& name, std::size_t i, const VarSlot& s
     throw AutodiffError(name + ": input " + std::to_string(i) + " of shape " + slot.shape().str() + why);
   }
 }
-// Until ops have GPU paths, every custom op runs its forward on the host: inputs must all be on the cpu.
+// A node's inputs are usable and on one device (which one is the op's business: its forward gets the tensors).
 template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
   [[maybe_unused]] std::size_t i = 0;
   (check_input(name, i++, *inputs.slot()), ...);
-  if constexpr (sizeof...(Ts) > 0) check_cpu_inputs(name, inputs...);
+  if constexpr (sizeof...(Ts) > 0) check_same_device(name, inputs...);
 }
 template <class T> void check_inputs(const std::string& name, const std::vector<Var<T>>& inputs) {
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     check_input(name, i, *inputs[i].slot());
     check_device_matches(name, inputs[0].device(), i, inputs[i].device());
   }
-  if (!inputs.empty()) check_on_cpu(name, 0, inputs[0].device());
 }
 
 // The node of a custom op over a list of inputs of one dtype, with one output.
 template <class Saved, class Backward, class T> class ListNode final : public Node {
  public:
-  ListNode(std::string name, Saved saved, Backward backward, Shape output_shape)
-      : Node(std::move(name)), saved_(std::move(saved)), backward_(std::move(backward)), output_shape_(output_shape) {}
+  ListNode(std::string name, Saved saved, Backward backward, OutputPlace output_place)
+      : Node(std::move(name)), saved_(std::move(saved)), backward_(std::move(backward)), output_place_(output_place) {}
 
   void backward() override {
     const std::vector<bool> needs = needs_grad_of(inputs);
-    const Tensor<T> dy = output_grad<T>(outputs[0], output_shape_);
+    const Tensor<T> dy = output_grad<T>(outputs[0], output_place_);
     const std::vector<Tensor<T>> grads = backward_(*saved_, NeedsGrad(needs), dy);
     if (grads.size() != inputs.size()) {
       throw AutodiffError(name() + ": backward returned " + std::to_string(grads.size()) + " gradients for " +
@@ -155,7 +160,7 @@ template <class Saved, class Backward, class T> class ListNode final : public No
  private:
   std::optional<Saved> saved_;
   Backward backward_;
-  Shape output_shape_;
+  OutputPlace output_place_;
 };
 
 }  // namespace detail
@@ -175,13 +180,13 @@ auto custom_op(std::string name, Forward&& forward, Backward&& backward, const V
       },
       outputs);
   if (record) {
-    std::array<Shape, std::tuple_size_v<Elements>> shapes;
+    std::array<detail::OutputPlace, std::tuple_size_v<Elements>> places;
     std::apply([&](const auto&... v) {
       std::size_t k = 0;
-      ((shapes[k++] = v.shape()), ...);
+      ((places[k++] = {v.shape(), v.device()}), ...);
     }, vars);
     auto node = std::make_unique<detail::CustomNode<Saved, std::decay_t<Backward>, Elements, Ts...>>(
-        std::move(name), std::move(saved), std::forward<Backward>(backward), shapes);
+        std::move(name), std::move(saved), std::forward<Backward>(backward), places);
     (node->inputs.push_back(inputs.slot()), ...);
     std::apply([&](const auto&... v) { (node->outputs.push_back(v.slot()), ...); }, vars);
     Tape::active().record(std::move(node));
@@ -208,7 +213,7 @@ Var<T> custom_op(std::string name, Forward&& forward, Backward&& backward, const
   Var<T> y(std::move(output), record);
   if (record) {
     auto node = std::make_unique<detail::ListNode<Saved, std::decay_t<Backward>, T>>(
-        std::move(name), std::move(saved), std::forward<Backward>(backward), y.shape());
+        std::move(name), std::move(saved), std::forward<Backward>(backward), detail::OutputPlace{y.shape(), y.device()});
     for (const Var<T>& x : inputs) node->inputs.push_back(x.slot());
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));

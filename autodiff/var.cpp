@@ -58,7 +58,7 @@ template <class T> void backward(const Var<T>& y, BackwardOptions options) {
     throw AutodiffError("backward: output of shape " + y.shape().str() +
                         " is not a scalar; pass a seed gradient of that shape: backward(y, dy)");
   }
-  backward(y, ones<T>(y.shape()).to(y.device()), options);
+  backward(y, ones<T>(y.shape(), y.device()), options);
 }
 
 #define TAPEGRAD_INSTANTIATE_VAR(T)                                                 \

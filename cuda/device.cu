@@ -1,5 +1,8 @@
 #include "cuda/device.hpp"
 
+#include <mutex>
+#include <vector>
+
 #include "cuda/check.cuh"
 
 namespace tapegrad::cuda {
@@ -37,6 +40,17 @@ std::string device_description(int index) {
   const double gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
          std::to_string(static_cast<int>(gib + 0.5)) + " GiB)";
+}
+
+int multiprocessor_count(int index) {
+  check_device_index(index, "cuda");
+  static std::vector<std::once_flag> ready(static_cast<std::size_t>(device_count()));
+  static std::vector<int> counts(static_cast<std::size_t>(device_count()));
+  const auto i = static_cast<std::size_t>(index);
+  std::call_once(ready[i], [&] {
+    TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&counts[i], cudaDevAttrMultiProcessorCount, index));
+  });
+  return counts[i];
 }
 
 }  // namespace tapegrad::cuda

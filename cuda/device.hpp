@@ -12,5 +12,7 @@ int device_count();
 void check_device_index(int index, const char* op);
 // "NVIDIA H200 (sm_90, 139 GiB)"; throws tapegrad::Error for a device index that does not exist.
 std::string device_description(int index);
+// The device's number of streaming multiprocessors, read once per device (for grid sizes).
+int multiprocessor_count(int index);
 
 }  // namespace tapegrad::cuda

@@ -12,6 +12,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/device.hpp"
+#include "cuda/on_device.cuh"
 
 namespace tapegrad::cuda {
 
@@ -37,25 +38,6 @@ std::optional<Stream>& chosen_stream(int device) {
   if (chosen_streams.size() <= index) chosen_streams.resize(static_cast<std::size_t>(device_count()));
   return chosen_streams[index];
 }
-
-// Makes `device` the CUDA runtime's current device of this thread for the scope: calls without a device argument
-// act on it, and streams and memory of `device` are used under it.
-class OnDevice {
- public:
-  explicit OnDevice(int device) : device_(device) {
-    TAPEGRAD_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device_) TAPEGRAD_CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~OnDevice() {
-    if (previous_ != device_) cudaSetDevice(previous_);  // cannot fail for a device that was current before
-  }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  int device_;
-  int previous_ = 0;
-};
 
 // The device's state, set up on first use; throws naming `op` for a device that does not exist.
 DeviceState& ready_state(int device, const char* op) {

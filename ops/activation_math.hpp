@@ -1,6 +1,9 @@
-// Scalar forms of the activations and their derivatives, for the kernels. Plain C++ (no Eigen, no CUDA types):
-// usable from host code and, through TAPEGRAD_HOST_DEVICE, kernels. The CPU evaluates the same functions
-// vectorized, from ops/activation_arrays.hpp, which shares the constants below.
+// Scalar forms of the activations and their derivatives, for the GPU kernels. Plain C++ (no Eigen, no CUDA types):
+// usable from host code and, through TAPEGRAD_HOST_DEVICE, kernels. They are the formulas of the CPU's vectorized
+// ops/activation_arrays.hpp, one element at a time, with the same limits: finite or ±inf, never NaN, for every
+// non-NaN x (a factor that saturates to 0 times one that grows without bound gives 0).
+//
+// Each `f(x, grad)` returns f(x) and, when grad is not null, stores f'(x) there.
 #pragma once
 
 #include <cmath>
@@ -15,46 +18,56 @@ inline constexpr double inv_sqrt_2pi = 0.39894228040143267794;
 inline constexpr double quick_gelu_alpha = 1.702;
 inline constexpr double gelu_tanh_cubic = 0.044715;
 
+// The smallest normal S: below it a vanishing factor counts as 0 (as the CPU's TimesVanishingOp).
+template <class S> TAPEGRAD_HOST_DEVICE constexpr S smallest_normal() {
+  if constexpr (sizeof(S) == 4) {
+    return S(1.17549435082228750797e-38);
+  } else {
+    return S(2.22507385850720138309e-308);
+  }
+}
+
+// a·b, but 0 where |b| is below the normal range, even for infinite a.
+template <class S> TAPEGRAD_HOST_DEVICE inline S times_vanishing(S a, S b) {
+  return std::fabs(b) < smallest_normal<S>() ? S(0) : a * b;
+}
+
 template <class S> TAPEGRAD_HOST_DEVICE inline S sigmoid(S x) { return S(1) / (S(1) + std::exp(-x)); }
 
-template <class S> TAPEGRAD_HOST_DEVICE inline S relu(S x) { return x > S(0) ? x : S(0); }
-template <class S> TAPEGRAD_HOST_DEVICE inline S relu_grad(S x) { return x > S(0) ? S(1) : S(0); }
-
-// x·Φ(x), Φ the standard normal CDF.
-template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_erf(S x) { return S(0.5) * x * (S(1) + std::erf(x * S(inv_sqrt_2))); }
-template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_erf_grad(S x) {
-  return S(0.5) * (S(1) + std::erf(x * S(inv_sqrt_2))) + x * S(inv_sqrt_2pi) * std::exp(S(-0.5) * x * x);
+template <class S> TAPEGRAD_HOST_DEVICE inline S relu(S x, S* grad) {
+  if (grad) *grad = x > S(0) ? S(1) : S(0);
+  return x > S(0) ? x : S(0);
 }
 
-// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the form TransformerEngine uses.
-template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh(S x) {
-  const S t = std::tanh(S(sqrt_2_over_pi) * (x + S(gelu_tanh_cubic) * x * x * x));
-  return S(0.5) * x * (S(1) + t);
-}
-template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh_grad(S x) {
-  const S t = std::tanh(S(sqrt_2_over_pi) * (x + S(gelu_tanh_cubic) * x * x * x));
-  const S dinner = S(sqrt_2_over_pi) * (S(1) + S(3 * gelu_tanh_cubic) * x * x);
-  const S sech2 = S(1) - t * t;
-  // Once tanh saturates sech² is 0, while x·dinner may overflow (in f32 beyond |x| ~ 1e13): 0·inf would be NaN.
-  return S(0.5) * (S(1) + t) + (sech2 == S(0) ? S(0) : S(0.5) * x * sech2 * dinner);
+template <class S> TAPEGRAD_HOST_DEVICE inline S squared_relu(S x, S* grad) {
+  const S r = x > S(0) ? x : S(0);
+  if (grad) *grad = S(2) * r;
+  return r * r;
 }
 
-// x·σ(x)
-template <class S> TAPEGRAD_HOST_DEVICE inline S silu(S x) { return x * sigmoid(x); }
-template <class S> TAPEGRAD_HOST_DEVICE inline S silu_grad(S x) {
-  const S s = sigmoid(x);
-  return s * (S(1) + x * (S(1) - s));
+// x·σ(z) for z = z(x), with derivative σ(z) + x·σ(z)(1 - σ(z))·dz.
+template <class S> TAPEGRAD_HOST_DEVICE inline S times_sigmoid(S x, S z, S dz, S* grad) {
+  const S s = sigmoid(z);
+  if (grad) *grad = s + times_vanishing(x * dz, s * (S(1) - s));
+  return times_vanishing(x, s);
 }
 
-// x·σ(1.702·x)
-template <class S> TAPEGRAD_HOST_DEVICE inline S quick_gelu(S x) { return x * sigmoid(S(quick_gelu_alpha) * x); }
-template <class S> TAPEGRAD_HOST_DEVICE inline S quick_gelu_grad(S x) {
-  const S s = sigmoid(S(quick_gelu_alpha) * x);
-  return s + S(quick_gelu_alpha) * x * s * (S(1) - s);
+// x·σ(alpha·x): silu for alpha = 1, quick_gelu for alpha = 1.702.
+template <class S> TAPEGRAD_HOST_DEVICE inline S swish(S x, S alpha, S* grad) {
+  return times_sigmoid(x, alpha * x, alpha, grad);
 }
 
-// max(x, 0)²
-template <class S> TAPEGRAD_HOST_DEVICE inline S squared_relu(S x) { return x > S(0) ? x * x : S(0); }
-template <class S> TAPEGRAD_HOST_DEVICE inline S squared_relu_grad(S x) { return x > S(0) ? S(2) * x : S(0); }
+// 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u).
+template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh(S x, S* grad) {
+  const S k0 = S(2 * sqrt_2_over_pi), k1 = S(gelu_tanh_cubic);
+  return times_sigmoid(x, k0 * (x + k1 * x * x * x), k0 * (S(1) + S(3) * k1 * x * x), grad);
+}
+
+// x·Φ(x), Φ the standard normal CDF; derivative Φ(x) + x·φ(x).
+template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_erf(S x, S* grad) {
+  const S cdf = S(0.5) * (S(1) + std::erf(x * S(inv_sqrt_2)));
+  if (grad) *grad = cdf + times_vanishing(x, S(inv_sqrt_2pi) * std::exp(S(-0.5) * x * x));
+  return times_vanishing(x, cdf);
+}
 
 }  // namespace tapegrad::activation

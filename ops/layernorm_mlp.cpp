@@ -389,8 +389,9 @@ LayerNormMLPOutput<T> layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const 
                                     const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
                                     const LayerNormMLPOptions& options) {
   const Dims dims = check_layernorm_mlp(x, gamma, beta, kernels, biases, options);
+  check_on_cpu("layernorm_mlp", 0, x.device());  // no GPU path yet
   // Absent inputs take the place of an empty constant: one node type serves every combination.
-  const Var<P> absent = constant(Tensor<P>(Shape{0}));
+  const Var<P> absent = constant(Tensor<P>(Shape{0}, x.device()));
   auto or_absent = [&](const Var<P>& v) { return v.defined() ? v : absent; };
   const bool has_beta = beta.defined(), has_b1 = biases.b1.defined(), has_b2 = biases.b2.defined();
   if (options.return_layernorm_output) {

@@ -204,6 +204,7 @@ template <class T> Var<T> permute_op(const Var<T>& x, const std::vector<int>& pe
   struct Saved {
     std::vector<int> inverse;  // dy goes back through the inverse permutation
   };
+  check_cpu_inputs(op, x);  // no GPU path yet
   return custom_op<Saved>(
       op,
       [&](Saved& s, const Tensor<T>& x) {
@@ -271,6 +272,7 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
     Rows in_y;   // where they sit in y: all of its rows
     RowCount n;
   };
+  check_cpu_inputs("slice", x);  // no GPU path yet
   return custom_op<Saved>(
       "slice",
       [&](Saved& s, const Tensor<T>& x) {
@@ -315,6 +317,7 @@ template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
   const auto in_y = [](const Saved& s, std::size_t k) { return Rows{s.total, s.offsets[k], 1}; };
   const auto in_x = [a](const Saved& s, std::size_t k) { return Rows{s.shapes[k][a], 0, 1}; };
   const auto count = [a](const Saved& s, std::size_t k) { return RowCount{s.outer, s.shapes[k][a], s.inner}; };
+  if (!xs.empty()) check_on_cpu("concat", 0, xs[0].device());  // no GPU path yet
   return custom_op<Saved>(
       "concat",
       [&](Saved& s, const std::vector<Tensor<T>>& values) {

@@ -151,6 +151,7 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
   using C = compute_t<T>;
   check(pred.shape() == target.shape(), "mse_loss", "pred has shape ", pred.shape().str(), " but target has shape ",
         target.shape().str(), "; they must match exactly");
+  check_cpu_inputs("mse_loss", pred, target);  // no GPU path yet
   return custom_op<MseSaved<T>>(
       "mse_loss",
       [](MseSaved<T>& s, const Tensor<T>& p, const Tensor<T>& t) {
@@ -178,6 +179,7 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::int64_t>& labels) {
   using Saved = CrossEntropySaved<T, Tensor<std::int64_t>>;
   check_same_device("cross_entropy", logits, labels);
+  check_on_cpu("cross_entropy", 0, logits.device());  // no GPU path yet
   check_labels(logits.shape(), labels);
   return custom_op<Saved>(
       "cross_entropy", [&](Saved& s, const Tensor<T>& x) { return cross_entropy_forward(s, x, labels); },
@@ -192,6 +194,7 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& targ
   check_logits(logits.shape());
   check(target_probs.shape() == logits.shape(), "cross_entropy", "target_probs has shape ", target_probs.shape().str(),
         " but logits have shape ", logits.shape().str(), "; soft targets must match logits exactly");
+  check_cpu_inputs("cross_entropy", logits, target_probs);  // no GPU path yet
   return custom_op<Saved>(
       "cross_entropy", [](Saved& s, const Tensor<T>& x, const Tensor<T>& q) { return cross_entropy_forward(s, x, q); },
       [](const Saved& s, const NeedsGrad& needs, const Tensor<T>& dy) {

@@ -166,6 +166,7 @@ std::tuple<Tensor<T>, Tensor<T>> matmul_backward(const MatmulSaved<T>& s, const 
 }  // namespace
 
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
+  check_cpu_inputs("matmul", a, b);  // no GPU path yet
   MatmulPlan plan = plan_matmul(a.shape(), b.shape());
   return custom_op<MatmulSaved<T>>(
       "matmul",

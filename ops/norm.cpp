@@ -39,6 +39,7 @@ Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T
                    const Beta&... beta) {
   const Shape* beta_shape = nullptr;
   ((beta_shape = &beta.shape()), ...);
+  check_cpu_inputs(kind.op, x, gamma, beta...);  // no GPU path yet
   check_norm_inputs(kind, x.shape(), gamma.shape(), beta_shape, options);
   return custom_op<detail::NormRows<T>>(
       kind.op,

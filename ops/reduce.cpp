@@ -203,6 +203,7 @@ Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, con
     ReduceLayout layout;
     double divisor = 1;
   };
+  check_cpu_inputs(op, x);  // no GPU path yet
   return custom_op<Saved>(
       op,
       [&](Saved& s, const Tensor<T>& x) {
@@ -268,6 +269,7 @@ template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepd
     Tensor<T> xs;  // x in the layout's order, and
     Tensor<T> y;   // the maxima: together they locate each group's first maximum
   };
+  check_cpu_inputs("max", x);  // no GPU path yet
   return custom_op<Saved>(
       "max",
       [&](Saved& s, const Tensor<T>& x) {

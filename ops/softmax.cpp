@@ -66,6 +66,7 @@ Tensor<T> line_backward(const SoftmaxSaved<T>& s, const Tensor<T>& dy, Reduce re
 template <class T, class Forward, class Backward>
 Var<T> record_softmax(const char* op, const Var<T>& x, int axis, Forward forward, Backward backward) {
   const AxisLayout layout = detail::axis_layout(x.shape(), axis, op);
+  check_cpu_inputs(op, x);  // no GPU path yet
   return custom_op<SoftmaxSaved<T>>(
       op,
       [&](SoftmaxSaved<T>& s, const Tensor<T>& xv) {

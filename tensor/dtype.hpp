@@ -12,36 +12,12 @@
 #include <string_view>
 #include <type_traits>
 
+#include "tensor/dtype_tag.hpp"
+
 namespace tapegrad {
 
 using bf16 = Eigen::bfloat16;
 using f16 = Eigen::half;
-
-enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
-
-constexpr std::string_view dtype_name(DType d) {
-  switch (d) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-  }
-  return "?";
-}
-
-constexpr std::size_t dtype_size(DType d) {
-  switch (d) {
-    case DType::f64:
-    case DType::i64: return 8;
-    case DType::f32:
-    case DType::i32: return 4;
-    case DType::bf16:
-    case DType::f16: return 2;
-  }
-  return 0;
-}
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };

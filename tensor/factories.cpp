@@ -4,18 +4,26 @@
 #include <bit>
 #include <type_traits>
 
+#include "cuda/enabled.hpp"
+#include "cuda/fill.hpp"
 #include "tensor/generate.hpp"
 #include "tensor/philox.hpp"
 
 namespace tapegrad {
 
-template <class T> Tensor<T> full(const Shape& shape, double value) {
-  Tensor<T> t(shape);
-  std::fill(t.span().begin(), t.span().end(), convert<T>(value));
+template <class T> Tensor<T> full(const Shape& shape, double value, Device device) {
+  Tensor<T> t(shape, device);  // throws for a device this build or machine does not have
+  if (device.is_cpu()) {
+    std::fill(t.span().begin(), t.span().end(), convert<T>(value));
+  } else if constexpr (cuda::enabled && is_float_dtype_v<T>) {
+    cuda::fill(dtype_v<T>, t.data(), t.numel(), value, device.index);
+  } else {
+    check(false, "full", "no GPU fill for dtype ", dtype_name(dtype_v<T>));
+  }
   return t;
 }
-template <class T> Tensor<T> zeros(const Shape& shape) { return full<T>(shape, 0.0); }
-template <class T> Tensor<T> ones(const Shape& shape) { return full<T>(shape, 1.0); }
+template <class T> Tensor<T> zeros(const Shape& shape, Device device) { return full<T>(shape, 0.0, device); }
+template <class T> Tensor<T> ones(const Shape& shape, Device device) { return full<T>(shape, 1.0, device); }
 
 template <class T> Tensor<T> arange(std::int64_t n) {
   check(n >= 0, "arange", "length must be non-negative, got ", n);
@@ -76,9 +84,9 @@ template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, st
 }
 
 #define TAPEGRAD_INSTANTIATE_FACTORIES(T)                                                \
-  template Tensor<T> zeros<T>(const Shape&);                                             \
-  template Tensor<T> ones<T>(const Shape&);                                              \
-  template Tensor<T> full<T>(const Shape&, double);                                      \
+  template Tensor<T> zeros<T>(const Shape&, Device);                                          \
+  template Tensor<T> ones<T>(const Shape&, Device);                                           \
+  template Tensor<T> full<T>(const Shape&, double, Device);                                   \
   template Tensor<T> arange<T>(std::int64_t);                                            \
   template Tensor<T> from_vector<T>(const std::vector<T>&, const Shape&);
 #define TAPEGRAD_INSTANTIATE_RANDOM(T)                                                   \

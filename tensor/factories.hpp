@@ -11,9 +11,10 @@
 
 namespace tapegrad {
 
-template <class T> Tensor<T> zeros(const Shape& shape);
-template <class T> Tensor<T> ones(const Shape& shape);
-template <class T> Tensor<T> full(const Shape& shape, double value);
+// Constants on any device (`value` rounded to T once, to nearest even).
+template <class T> Tensor<T> zeros(const Shape& shape, Device device = Device::cpu());
+template <class T> Tensor<T> ones(const Shape& shape, Device device = Device::cpu());
+template <class T> Tensor<T> full(const Shape& shape, double value, Device device = Device::cpu());
 // 0, 1, ..., n-1 (as T).
 template <class T> Tensor<T> arange(std::int64_t n);
 template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape);

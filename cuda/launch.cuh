@@ -1,0 +1,83 @@
+// What every kernel file shares: the storage and compute types of a dtype, conversions between them, dispatch
+// from a runtime DType to a kernel template, and the launch context (device, stream, grid size).
+//
+// bf16 and f16 tensors hold Eigen's bfloat16/half on the host; on the device the same bits are read as CUDA's
+// __nv_bfloat16/__half. The 16-bit types compute in f32, the others in themselves (as compute_t on the host).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "cuda/check.cuh"
+#include "cuda/device.hpp"
+#include "cuda/memory.hpp"
+#include "cuda/on_device.cuh"
+#include "tensor/dtype_tag.hpp"
+
+namespace tapegrad::cuda {
+
+template <class S> struct ComputeOf { using type = S; };
+template <> struct ComputeOf<__nv_bfloat16> { using type = float; };
+template <> struct ComputeOf<__half> { using type = float; };
+// The type arithmetic on storage type S is carried out in.
+template <class S> using compute_of = typename ComputeOf<S>::type;
+
+// Storage → compute and compute → storage (round to nearest even).
+template <class C, class S> __device__ __forceinline__ C to_compute(S v) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return static_cast<C>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<S, __half>) {
+    return static_cast<C>(__half2float(v));
+  } else {
+    return static_cast<C>(v);
+  }
+}
+template <class S, class C> __device__ __forceinline__ S from_compute(C v) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    if constexpr (std::is_same_v<C, double>) return __double2bfloat16(v);
+    else return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<S, __half>) {
+    if constexpr (std::is_same_v<C, double>) return __double2half(v);
+    else return __float2half_rn(static_cast<float>(v));
+  } else {
+    return static_cast<S>(v);
+  }
+}
+
+// Calls fn(S{}) with S the storage type of the floating dtype `dtype`; throws naming `op` for any other dtype.
+template <class Fn> void dispatch_float(DType dtype, std::string_view op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(__nv_bfloat16{});
+    case DType::f16: return fn(__half{});
+    default: check(false, op, "no GPU kernel for dtype ", dtype_name(dtype));
+  }
+}
+
+// A kernel launch on `device`: that device current for the scope, its current stream, and grid sizes.
+class Launch {
+ public:
+  explicit Launch(int device) : on_(device), device_(device), stream_(current_stream(device)) {}
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  // Blocks of `threads` to cover `work` items with a grid-stride loop: at most enough to fill the device a few
+  // times over (more only add scheduling), at least one.
+  int blocks_for(std::int64_t work, int threads) const {
+    const std::int64_t needed = (work + threads - 1) / threads;
+    const std::int64_t cap = std::int64_t{multiprocessor_count(device_)} * (2048 / threads) * 4;
+    return static_cast<int>(std::clamp<std::int64_t>(needed, 1, cap));
+  }
+
+ private:
+  OnDevice on_;
+  int device_;
+  cudaStream_t stream_;
+};
+
+}  // namespace tapegrad::cuda

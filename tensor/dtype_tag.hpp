@@ -1,0 +1,37 @@
+// The runtime tag of an element type, its name and size. Plain C++ with no Eigen: the CUDA launchers take it
+// (cuda/*.hpp), so that nvcc never compiles Eigen's headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tapegrad {
+
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
+
+constexpr std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+constexpr std::size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::bf16:
+    case DType::f16: return 2;
+  }
+  return 0;
+}
+
+}  // namespace tapegrad
