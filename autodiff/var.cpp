@@ -1,5 +1,7 @@
 #include "autodiff/var.hpp"
 
+#include "cuda/elementwise.hpp"
+#include "cuda/enabled.hpp"
 #include "tensor/eigen.hpp"
 #include "tensor/factories.hpp"
 
@@ -10,8 +12,14 @@ template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g)
     sum = g;
     return;
   }
-  check_on_cpu("gradient accumulation", 0, g.device());  // the sum below runs on the host
-  Tensor<T> total(sum.shape());
+  Tensor<T> total(sum.shape(), g.device());
+  if (!g.device().is_cpu()) {
+    if constexpr (cuda::enabled) {
+      cuda::add(dtype_v<T>, g.device().index, sum.data(), g.data(), total.data(), total.numel());
+    }
+    sum = total;
+    return;
+  }
   auto out = flat_view(total);
   auto a = flat_view(std::as_const(sum));
   auto b = flat_view(g);

@@ -64,5 +64,6 @@ void tape_overhead();
 void fusion();
 void matmul();
 void layernorm_mlp();
+void gpu_bandwidth();  // builds with CUDA only
 
 }  // namespace bench

@@ -1,15 +1,16 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [gpu_bandwidth]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
-// OpenBLAS to N threads.
+// OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
 #include <cstdlib>
 #include <iostream>
 #include <set>
 #include <string>
 
 #include "bench.hpp"
+#include "cuda/enabled.hpp"
 #include "ops/gemm.hpp"
 #include "tensor/eigen.hpp"
 
@@ -32,10 +33,12 @@ int main(int argc, char** argv) {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
-    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp") {
+    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" ||
+               (tapegrad::cuda::enabled && arg == "gpu_bandwidth")) {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]\n";
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]"
+                << (tapegrad::cuda::enabled ? " [gpu_bandwidth]" : "") << "\n";
       return 2;
     }
   }
@@ -53,4 +56,7 @@ int main(int argc, char** argv) {
   if (wanted("fusion")) bench::fusion();
   if (wanted("matmul")) bench::matmul();
   if (wanted("layernorm_mlp")) bench::layernorm_mlp();
+  if constexpr (tapegrad::cuda::enabled) {
+    if (wanted("gpu_bandwidth")) bench::gpu_bandwidth();
+  }
 }

@@ -31,6 +31,15 @@ struct Sigmoid {
 // file, tells Eigen that packetOp exists.)
 template <class Fn, bool Derivative> struct ArrayFunctor {
   Fn fn;
+  // The same function on the GPU (see ops/element_term.hpp): its op, and its parameter where it has one.
+  cuda::ElementOp gpu_op() const { return Derivative ? Fn::gpu_grad : Fn::gpu_value; }
+  double gpu_scalar() const {
+    if constexpr (requires { fn.alpha; }) {
+      return fn.alpha;
+    } else {
+      return 0.0;
+    }
+  }
   template <class A> A apply(const A& x) const {
     A value, grad;
     if constexpr (Derivative) {

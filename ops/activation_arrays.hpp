@@ -1,9 +1,10 @@
 // The activations and their derivatives as Eigen array expressions: the CPU's one definition of them, vectorized
 // (Eigen's packet exp and, for f32, erf) in f32 and f64. Internal: the elementwise activations of
 // ops/activation.hpp evaluate them one packet at a time, layernorm_mlp's row kernels (ops/mlp_activation.hpp) one
-// row at a time. ops/activation_math.hpp holds the same functions per scalar, for the GPU.
+// row at a time. cuda/activation_math.hpp holds the same functions per scalar, for the GPU.
 //
-// Each is a functor `fn(x, value, grad)` over any Eigen array expression x: it writes fn(x) to value and, when
+// Each is a functor `fn(x, value, grad)` over any Eigen array expression x (those the elementwise ops use also
+// name their GPU ops, gpu_value and gpu_grad, which run cuda/activation_math.hpp's scalar forms): it writes fn(x) to value and, when
 // grad is not null, fn'(x) to *grad, from one evaluation of exp or erf. Where a factor that saturates to 0
 // multiplies one that grows without bound (x·σ at x = -inf, x·σ'(z)·z' once x³ overflows f32), the product is its
 // limit 0, not 0·inf = NaN: every function is finite or ±inf, never NaN, for every non-NaN x.
@@ -15,7 +16,8 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/activation_math.hpp"
+#include "cuda/activation_math.hpp"
+#include "cuda/elementwise.hpp"
 
 namespace tapegrad::detail {
 
@@ -72,6 +74,7 @@ void times_sigmoid(const Eigen::ArrayBase<X>& x, const Z& z, const DZ& dz, plain
 }
 
 struct ReluFn {
+  static constexpr cuda::ElementOp gpu_value = cuda::ElementOp::relu, gpu_grad = cuda::ElementOp::relu_grad;
   template <class X> void operator()(const Eigen::ArrayBase<X>& x, plain_t<X>& value, plain_t<X>* grad) const {
     using C = typename X::Scalar;
     value = x.max(C(0));
@@ -80,6 +83,8 @@ struct ReluFn {
 };
 
 struct SquaredReluFn {
+  static constexpr cuda::ElementOp gpu_value = cuda::ElementOp::squared_relu,
+                                   gpu_grad = cuda::ElementOp::squared_relu_grad;
   template <class X> void operator()(const Eigen::ArrayBase<X>& x, plain_t<X>& value, plain_t<X>* grad) const {
     using C = typename X::Scalar;
     const plain_t<X> r = x.max(C(0));
@@ -98,6 +103,7 @@ struct SigmoidFn {
 
 // x·σ(alpha·x): silu for alpha = 1, quick_gelu for alpha = 1.702.
 struct SwishFn {
+  static constexpr cuda::ElementOp gpu_value = cuda::ElementOp::swish, gpu_grad = cuda::ElementOp::swish_grad;
   double alpha;
   template <class X> void operator()(const Eigen::ArrayBase<X>& x, plain_t<X>& value, plain_t<X>* grad) const {
     using C = typename X::Scalar;
@@ -108,6 +114,8 @@ struct SwishFn {
 
 // The tanh form 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u).
 struct GeluTanhFn {
+  static constexpr cuda::ElementOp gpu_value = cuda::ElementOp::gelu_tanh,
+                                   gpu_grad = cuda::ElementOp::gelu_tanh_grad;
   template <class X> void operator()(const Eigen::ArrayBase<X>& x, plain_t<X>& value, plain_t<X>* grad) const {
     using C = typename X::Scalar;
     const C k0 = C(2 * activation::sqrt_2_over_pi), k1 = C(activation::gelu_tanh_cubic);
@@ -117,6 +125,7 @@ struct GeluTanhFn {
 
 // The exact form x·Φ(x), Φ the standard normal CDF; its derivative Φ(x) + x·φ(x).
 struct GeluErfFn {
+  static constexpr cuda::ElementOp gpu_value = cuda::ElementOp::gelu_erf, gpu_grad = cuda::ElementOp::gelu_erf_grad;
   template <class X> void operator()(const Eigen::ArrayBase<X>& x, plain_t<X>& value, plain_t<X>* grad) const {
     using C = typename X::Scalar;
     const plain_t<X> cdf = C(0.5) * (C(1) + (x * C(activation::inv_sqrt_2)).erf());

@@ -45,13 +45,16 @@ struct Pow {
     S operator()(S x, S y) const { return std::pow(x, y); }
   };
   template <class X, class Y> static auto forward(const X& x, const Y& y) {
-    using S = typename Eigen::internal::traits<X>::Scalar;
-    return x.binaryExpr(y, Power<S>{});
+    if constexpr (std::is_same_v<X, Term>) {
+      return x.pow(y);
+    } else {
+      using S = typename Eigen::internal::traits<X>::Scalar;
+      return x.binaryExpr(y, Power<S>{});
+    }
   }
   // d(x^y)/dx = y·x^(y-1); d(x^y)/dy = x^y·log(x)
   template <class X, class Y, class G> static auto backward_a(const X& x, const Y& y, const G& g) {
-    using S = typename Eigen::internal::traits<X>::Scalar;
-    return g * y * x.binaryExpr(y - S(1), Power<S>{});
+    return g * y * forward(x, y - expr::scalar_of(y, 1.0));
   }
   template <class X, class Y, class G> static auto backward_b(const X& x, const Y& y, const G& g) {
     return g * forward(x, y) * x.log();

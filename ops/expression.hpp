@@ -22,7 +22,10 @@
 #include <vector>
 
 #include "autodiff/var.hpp"
+#include "cuda/enabled.hpp"
 #include "ops/broadcast.hpp"
+#include "ops/element_layout.hpp"
+#include "ops/element_term.hpp"
 #include "tensor/eigen.hpp"
 
 namespace tapegrad {
@@ -51,8 +54,12 @@ template <class To, class X> auto cast_to(const X& x) {
   }
 }
 
-// The scalar `v` in the element type of the Eigen expression `x`.
+// The scalar `v` in the element type of the Eigen expression `x`; for a Term, a constant term.
 template <class X> auto scalar_of(const X&, double v) { return typename Eigen::internal::traits<X>::Scalar(v); }
+inline Term scalar_of(const Term&, double v) { return Term::constant(v); }
+
+// Each leaf's gradient term, where one is needed (the GPU's backward).
+using GradientTerms = std::vector<std::optional<Term>>;
 
 // Evaluates `assign(device)` on the pool when `n` elements are worth it.
 template <class Assign> void run(std::int64_t n, Assign&& assign) { run_on_cpu(n * 8, assign); }
@@ -108,6 +115,10 @@ template <class T> class Leaf : public ExpressionTag {
     grads[Offset] = out;
   }
 
+  // The GPU's counterparts of eigen and backprop: the same walk, building Terms (ops/element_term.hpp).
+  template <int Offset> Term term() const { return Term::input(Offset); }
+  template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const { grads[Offset] = g; }
+
   bool requires_grad() const { return var_.requires_grad(); }
   void collect(std::vector<std::shared_ptr<VarImpl<T>>>& out) const { out.push_back(var_.slot()); }
   // Two appends, not "x" + to_string(...): GCC 12 reports a false -Wrestrict on the latter once inlined.
@@ -133,6 +144,11 @@ template <class Op, class A> class Unary : public ExpressionTag {
   void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
     if (!a_.requires_grad()) return;
     a_.template backprop<Offset>(ctx, op_.backward(a_.template eigen<Offset>(ctx), g), grads);
+  }
+  template <int Offset> Term term() const { return op_.forward(a_.template term<Offset>()); }
+  template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const {
+    if (!a_.requires_grad()) return;
+    a_.template backprop_terms<Offset>(op_.backward(a_.template term<Offset>(), g), grads);
   }
   bool requires_grad() const { return a_.requires_grad(); }
   void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const { a_.collect(out); }
@@ -166,6 +182,15 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
     const auto y = b_.template eigen<Offset + A::leaves>(ctx);
     if (a_.requires_grad()) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
     if (b_.requires_grad()) b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+  }
+  template <int Offset> Term term() const {
+    return Op::forward(a_.template term<Offset>(), b_.template term<Offset + A::leaves>());
+  }
+  template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const {
+    const Term x = a_.template term<Offset>();
+    const Term y = b_.template term<Offset + A::leaves>();
+    if (a_.requires_grad()) a_.template backprop_terms<Offset>(Op::backward_a(x, y, g), grads);
+    if (b_.requires_grad()) b_.template backprop_terms<Offset + A::leaves>(Op::backward_b(x, y, g), grads);
   }
   bool requires_grad() const { return a_.requires_grad() || b_.requires_grad(); }
   void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const {
@@ -249,6 +274,84 @@ template <class E> class ExpressionNode final : public Node {
   BroadcastPlan plan_;
 };
 
+// The GPU's node: backward compiles every needed leaf gradient into ONE program (inputs: the leaves and dy) and runs
+// it; a broadcast leaf's gradient is written at the output's size in the compute type and summed down to its shape.
+template <class E> class GpuExpressionNode final : public Node {
+  using T = typename E::element_type;
+  using C = compute_t<T>;
+
+ public:
+  GpuExpressionNode(std::string name, E e, Shape output)
+      : Node(std::move(name)), expr_(std::move(e)), output_(std::move(output)) {}
+
+  void backward() override {
+    const Tensor<T>& dy = static_cast<VarImpl<T>&>(*outputs[0].lock()).pending;
+    GradientTerms terms(E::leaves);
+    expr_->template backprop_terms<0>(Term::input(E::leaves), terms);
+    std::vector<Shape> shapes;
+    cuda::ElementBuffers buffers;
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      const Tensor<T>& leaf = static_cast<VarImpl<T>&>(*inputs[k]).value;
+      shapes.push_back(leaf.shape());
+      buffers.inputs[k] = leaf.data();
+    }
+    shapes.push_back(output_);
+    buffers.inputs[inputs.size()] = dy.data();
+    std::vector<TermOutput> outs;
+    std::vector<Tensor<T>> grads(E::leaves);
+    std::vector<Tensor<C>> wide(E::leaves);
+    for (std::size_t k = 0; k < terms.size(); ++k) {
+      if (!terms[k]) continue;
+      const int j = static_cast<int>(outs.size());
+      const bool full = shapes[k] == output_;
+      if (full) {
+        grads[k] = Tensor<T>(output_, dy.device());
+        buffers.outputs[j] = grads[k].data();
+      } else {
+        wide[k] = Tensor<C>(output_, dy.device());
+        buffers.outputs[j] = wide[k].data();
+        buffers.wide[j] = true;
+      }
+      outs.push_back({*terms[k], j, !full});
+    }
+    if (outs.empty()) return;
+    cuda::run_element_program(dtype_v<T>, dy.device().index, compile_elements(outs, name()),
+                              element_layout(output_, shapes, name()), buffers, output_.numel());
+    for (std::size_t k = 0; k < terms.size(); ++k) {
+      if (wide[k].defined()) grads[k] = cast<T>(sum_to(wide[k], shapes[k]));
+      if (grads[k].defined()) static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
+    }
+  }
+  void release_saved() override { expr_.reset(); }
+
+ private:
+  std::optional<E> expr_;
+  Shape output_;
+};
+
+// Evaluates `e` on `device` (a GPU) as one program, and records its node.
+template <class E>
+Var<typename E::element_type> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<typename E::element_type>>>& slots,
+                                              const std::vector<Shape>& shapes, const Shape& output, Device device) {
+  using T = typename E::element_type;
+  const std::string name = describe(e);
+  cuda::ElementBuffers buffers;
+  for (std::size_t k = 0; k < slots.size(); ++k) buffers.inputs[k] = slots[k]->value.data();
+  Tensor<T> out(output, device);
+  buffers.outputs[0] = out.data();
+  cuda::run_element_program(dtype_v<T>, device.index, compile_elements({{e.template term<0>(), 0}}, name),
+                            element_layout(output, shapes, name), buffers, output.numel());
+  const bool record = grad_enabled() && e.requires_grad();
+  Var<T> y(std::move(out), record);
+  if (record) {
+    auto node = std::make_unique<GpuExpressionNode<E>>(name, e, output);
+    node->inputs.assign(slots.begin(), slots.end());
+    node->outputs.push_back(y.slot());
+    Tape::active().record(std::move(node));
+  }
+  return y;
+}
+
 template <class E> Var<typename E::element_type> evaluate(const E& e) {
   using T = typename E::element_type;
   std::vector<std::shared_ptr<VarImpl<T>>> slots;
@@ -268,7 +371,6 @@ template <class E> Var<typename E::element_type> evaluate(const E& e) {
     shapes.push_back(slots[k]->value.shape());
     leaves.push_back(&slots[k]->value);
   }
-  if (!device.is_cpu()) detail::throw_cpu_only(describe(e), 0, device);  // no GPU path yet
   const BroadcastPlan plan = [&] {
     try {
       return plan_broadcast(shapes, "elementwise");
@@ -278,6 +380,9 @@ template <class E> Var<typename E::element_type> evaluate(const E& e) {
       throw Error(msg + " cannot be broadcast together");
     }
   }();
+  if constexpr (cuda::enabled) {
+    if (!device.is_cpu()) return evaluate_on_gpu(e, slots, shapes, plan.output, device);
+  }
   Tensor<T> out(plan.output);
   with_context<T>(plan, leaves, [&](const auto& ctx) {
     constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;

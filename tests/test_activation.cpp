@@ -12,7 +12,7 @@ using test::exact;
 using test::Domain;
 
 namespace {
-// Plain double formulas, written independently of ops/activation_math.hpp.
+// Plain double formulas, written independently of cuda/activation_math.hpp.
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
 double gelu_ref(double x) { return x * 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double gelu_tanh_ref(double x) {
