@@ -1,9 +1,9 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [gpu_matmul]
 //
-// With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
-// OpenBLAS to N threads.
+// With no group named, all run (gpu_matmul says it skipped where there is no GPU). --quick cuts repetitions (a smoke
+// test); --threads sets tapegrad's pool and OpenBLAS to N threads.
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -32,10 +32,11 @@ int main(int argc, char** argv) {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
-    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp") {
+    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" || arg == "gpu_matmul") {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]\n";
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] "
+                   "[gpu_matmul]\n";
       return 2;
     }
   }
@@ -53,4 +54,5 @@ int main(int argc, char** argv) {
   if (wanted("fusion")) bench::fusion();
   if (wanted("matmul")) bench::matmul();
   if (wanted("layernorm_mlp")) bench::layernorm_mlp();
+  if (wanted("gpu_matmul")) bench::gpu_matmul();
 }
