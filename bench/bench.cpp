@@ -13,27 +13,19 @@ namespace bench {
 
 Budget budget;
 
-std::vector<Timing> measure(const std::vector<Body>& bodies) {
-  using clock = std::chrono::steady_clock;
-  auto once = [](const Body& body) {
-    const auto start = clock::now();
-    body.run();
-    const auto stop = clock::now();
-    if (body.reset) body.reset();
-    return std::chrono::duration<double, std::nano>(stop - start).count();
-  };
+std::vector<Timing> repeat(std::size_t bodies, const std::function<double(std::size_t)>& once) {
   for (int i = 0; i < budget.warmup; ++i) {
-    for (const Body& body : bodies) once(body);
+    for (std::size_t k = 0; k < bodies; ++k) once(k);
   }
-  std::vector<std::vector<double>> ns(bodies.size());
-  std::vector<double> total(bodies.size(), 0.0);
+  std::vector<std::vector<double>> ns(bodies);
+  std::vector<double> total(bodies, 0.0);
   auto enough = [&](int rep) {
     if (rep >= budget.max_reps) return true;
     return rep >= budget.min_reps && *std::min_element(total.begin(), total.end()) >= budget.min_seconds * 1e9;
   };
   for (int rep = 0; !enough(rep); ++rep) {
-    for (std::size_t k = 0; k < bodies.size(); ++k) {
-      ns[k].push_back(once(bodies[k]));
+    for (std::size_t k = 0; k < bodies; ++k) {
+      ns[k].push_back(once(k));
       total[k] += ns[k].back();
     }
   }
@@ -44,6 +36,17 @@ std::vector<Timing> measure(const std::vector<Body>& bodies) {
     timings.push_back({n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), static_cast<int>(n)});
   }
   return timings;
+}
+
+std::vector<Timing> measure(const std::vector<Body>& bodies) {
+  using clock = std::chrono::steady_clock;
+  return repeat(bodies.size(), [&](std::size_t k) {
+    const auto start = clock::now();
+    bodies[k].run();
+    const auto stop = clock::now();
+    if (bodies[k].reset) bodies[k].reset();
+    return std::chrono::duration<double, std::nano>(stop - start).count();
+  });
 }
 
 std::int64_t allocated_bytes() {

@@ -35,6 +35,9 @@ struct Body {
 // Times the bodies round-robin, one repetition of each per round, so that the load of a shared machine changes
 // under all of them alike; the timings are in the bodies' order.
 std::vector<Timing> measure(const std::vector<Body>& bodies);
+// The same schedule (warm-up, repetitions per the budget, round-robin) for bodies that time themselves: once(k)
+// runs body k once and returns its nanoseconds (e.g. between two CUDA events).
+std::vector<Timing> repeat(std::size_t bodies, const std::function<double(std::size_t)>& once);
 inline Timing measure(const std::function<void()>& run) { return measure({Body{run}})[0]; }
 
 // Bytes held by live tensors, as tapegrad's host allocator counts them (blocks in its cache are not held).
@@ -64,6 +67,7 @@ void tape_overhead();
 void fusion();
 void matmul();
 void layernorm_mlp();
+void gpu_matmul();     // builds with CUDA only
 void gpu_bandwidth();  // builds with CUDA only
 
 }  // namespace bench

@@ -1,15 +1,18 @@
-// Timing GPU work: CUDA events around each repetition on the device's current stream, the same budget (warm-up,
-// repetitions, median) as the host timings of bench.hpp. The GPU groups skip themselves when no GPU is visible.
+// Timing GPU work: CUDA events recorded around each repetition on the device's current stream, under the same
+// budget (warm-up, repetitions round-robin, median) as the host timings of bench.hpp. Built with CUDA only; the GPU
+// groups skip themselves (one JSON line) when no GPU is visible.
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "bench.hpp"
 
 namespace bench {
 
-// Times `run` (which queues work on device `device`'s current stream) by events recorded before and after it.
-Timing measure_gpu(const std::function<void()>& run, int device = 0);
+// Times each of `runs` (each queues work on device `device`'s current stream) between two events.
+std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, int device = 0);
+inline Timing measure_gpu(const std::function<void()>& run, int device = 0) { return measure_gpu({run}, device)[0]; }
 
 // Whether a GPU is visible; if not, writes one JSON line saying that `group` was skipped.
 bool gpu_available(const char* group);

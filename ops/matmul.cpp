@@ -8,11 +8,19 @@
 // A a whole stack (x · W in a linear layer), the stack is a single tall GEMM in all three.
 // Saved: both input values (shared, not copied). bf16/f16 are widened to f32 once per tensor, and every result is
 // rounded once.
+//
+// On the GPU the same products are cuBLASLt batched GEMMs (cuda/blaslt.hpp), bf16/f16 read as they are. A stack of
+// one matrix is shared by every product (batch stride 0) and never copied; a stack broadcast along only some batch
+// axes is expanded first. The gradient of a stack that several products share is computed per product and summed
+// down with sum_to, except for the shared B of x · W: Aᵀ · dC over all products is one GEMM over the stacked rows.
+// (Such a per-product bf16/f16 gradient is rounded before the sum, as in PyTorch; every other result once.)
 #include "ops/matmul.hpp"
 
 #include <numeric>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/blaslt.hpp"
+#include "cuda/enabled.hpp"
 #include "ops/broadcast.hpp"
 #include "ops/gemm.hpp"
 
@@ -23,6 +31,8 @@ namespace {
 struct MatmulPlan {
   Shape out;  // the result's shape, without the axes of vector operands
   std::int64_t M = 0, K = 0, N = 0;
+  Shape batch;             // the broadcast batch axes
+  Shape a_stack, b_stack;  // the operands as matrix stacks, [a batch..., M, K] and [b batch..., K, N]
   std::int64_t a_matrices = 0, b_matrices = 0, c_matrices = 0;  // stack sizes
   std::vector<std::int64_t> a_index, b_index, c_index;  // the matrix of A, B and C that each output matrix uses
 };
@@ -30,6 +40,13 @@ struct MatmulPlan {
 Shape batch_of(const Shape& s) {
   const auto dims = s.dims();
   return s.rank() > 2 ? Shape(dims.first(dims.size() - 2)) : Shape{};
+}
+
+Shape with_matrix(const Shape& batch, std::int64_t rows, std::int64_t cols) {
+  std::vector<std::int64_t> dims = batch.to_vector();
+  dims.push_back(rows);
+  dims.push_back(cols);
+  return Shape(dims);
 }
 
 // For each matrix of a stack broadcast from `batch` to `out_batch`, the operand matrix it reads.
@@ -66,6 +83,9 @@ MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
   if (a.rank() >= 2) out.push_back(p.M);
   if (b.rank() >= 2) out.push_back(p.N);
   p.out = Shape(out);
+  p.batch = batch;
+  p.a_stack = with_matrix(a_batch, p.M, p.K);
+  p.b_stack = with_matrix(b_batch, p.K, p.N);
   p.a_matrices = a_batch.numel();
   p.b_matrices = b_batch.numel();
   p.c_matrices = batch.numel();
@@ -125,22 +145,123 @@ template <class T> struct MatmulSaved {
   Tensor<T> a, b;
 };
 
+// A stack of matrices on the device as a batched GEMM reads it: `count` matrices (1: one shared by every product),
+// each stored rows × cols.
+template <class T> struct DeviceStack {
+  const T* data;
+  std::int64_t count, rows, cols;
+  Transpose transpose = Transpose::no;
+};
+
+// z_i = op(x_i) · op(y_i) for each of `products` products, into the whole stack z.
+template <class T>
+void device_products(std::int64_t products, const DeviceStack<T>& x, const DeviceStack<T>& y, T* z, Device device) {
+  const bool tx = x.transpose == Transpose::yes, ty = y.transpose == Transpose::yes;
+  const std::int64_t m = tx ? x.cols : x.rows, n = ty ? y.rows : y.cols;
+  cuda::GemmArgs g{.dtype = dtype_v<T>,
+                   .M = m,
+                   .N = n,
+                   .K = tx ? x.rows : x.cols,
+                   .batch = products,
+                   .a = {x.data, x.cols, x.count == 1 ? 0 : x.rows * x.cols, tx},
+                   .b = {y.data, y.cols, y.count == 1 ? 0 : y.rows * y.cols, ty},
+                   .c = {z, n, m * n}};
+  // With y shared, consecutive untransposed x matrices form one tall matrix, and so do z's: a single GEMM.
+  if (y.count == 1 && x.count == products && !tx) {
+    g.M *= products;
+    g.batch = 1;
+  }
+  cuda::gemm(g, device.index);
+}
+
+// An operand ready for device_products: itself when it has one matrix per product or one for all of them, else
+// expanded along the batch axes it broadcasts over.
+template <class T> struct DeviceOperand {
+  Tensor<T> values;
+  std::int64_t count, rows, cols;
+  DeviceStack<T> stack(Transpose transpose) const { return {values.data(), count, rows, cols, transpose}; }
+};
+
+template <class T>
+DeviceOperand<T> device_operand(const Tensor<T>& t, const Shape& stack, std::int64_t matrices, const MatmulPlan& p) {
+  const std::int64_t rows = stack.dim(-2), cols = stack.dim(-1);
+  if (matrices == 1 || matrices == p.c_matrices) return {t, matrices, rows, cols};
+  return {expand_to(t.reshape(stack), with_matrix(p.batch, rows, cols)), p.c_matrices, rows, cols};
+}
+
+// The gradient of an operand stack of shape `stack` (`matrices` matrices) whose matrix for product i receives
+// op(x_i) · op(y_i), summed over the products that share a matrix.
+template <class T>
+Tensor<T> device_gradient(const Shape& stack, std::int64_t matrices, const MatmulPlan& p, const DeviceStack<T>& x,
+                          const DeviceStack<T>& y, Device device) {
+  const std::int64_t products = p.c_matrices;
+  if (matrices == products) {  // nothing shared
+    Tensor<T> grad(stack, device);
+    device_products(products, x, y, grad.data(), device);
+    return grad;
+  }
+  if (matrices == 1 && x.transpose == Transpose::yes && y.transpose == Transpose::no && x.count == products &&
+      y.count == products) {
+    // Σ_i x_iᵀ · y_i is one product over the stacked rows: [products · rows, cols] matrices.
+    Tensor<T> grad(stack, device);
+    device_products<T>(1, {x.data, 1, products * x.rows, x.cols, Transpose::yes},
+                       {y.data, 1, products * y.rows, y.cols}, grad.data(), device);
+    return grad;
+  }
+  Tensor<T> per_product(with_matrix(p.batch, stack.dim(-2), stack.dim(-1)), device);
+  device_products(products, x, y, per_product.data(), device);
+  return sum_to(per_product, stack);
+}
+
+template <class T> Tensor<T> device_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
+  const DeviceOperand<T> x = device_operand(a, p.a_stack, p.a_matrices, p),
+                         y = device_operand(b, p.b_stack, p.b_matrices, p);
+  Tensor<T> c(p.out, a.device());
+  device_products(p.c_matrices, x.stack(Transpose::no), y.stack(Transpose::no), c.data(), a.device());
+  return c;
+}
+
+template <class T>
+std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulSaved<T>& s, const NeedsGrad& needs,
+                                                 const Tensor<T>& dc) {
+  const MatmulPlan& p = s.plan;
+  const DeviceStack<T> dc_stack{dc.data(), p.c_matrices, p.M, p.N};
+  Tensor<T> da, db;
+  if (needs[0]) {  // dA = dC · Bᵀ
+    const DeviceOperand<T> b = device_operand(s.b, p.b_stack, p.b_matrices, p);
+    da = device_gradient(p.a_stack, p.a_matrices, p, dc_stack, b.stack(Transpose::yes), dc.device())
+             .reshape(s.a.shape());
+  }
+  if (needs[1]) {  // dB = Aᵀ · dC
+    const DeviceOperand<T> a = device_operand(s.a, p.a_stack, p.a_matrices, p);
+    db = device_gradient(p.b_stack, p.b_matrices, p, a.stack(Transpose::yes), dc_stack, dc.device())
+             .reshape(s.b.shape());
+  }
+  return {da, db};
+}
+
 template <class T> Tensor<T> matmul_forward(MatmulSaved<T>& s, const Tensor<T>& a, const Tensor<T>& b) {
   using C = compute_t<T>;
   const MatmulPlan& p = s.plan;
+  s.a = a;
+  s.b = b;
+  if constexpr (cuda::enabled) {
+    if (!a.device().is_cpu()) return device_forward(p, a, b);
+  }
   const Tensor<C> a_c = cast<C>(a), b_c = cast<C>(b);  // no copy for f32/f64
   Tensor<C> c(p.out);
   batched_gemm<C>({a_c.data(), p.a_matrices, p.M, p.K, p.a_index},  //
                   {b_c.data(), p.b_matrices, p.K, p.N, p.b_index},  //
                   {c.data(), p.c_matrices, p.M, p.N, p.c_index});
-  s.a = a;
-  s.b = b;
   return cast<T>(c);
 }
 
 template <class T>
 std::tuple<Tensor<T>, Tensor<T>> matmul_backward(const MatmulSaved<T>& s, const NeedsGrad& needs,
                                                  const Tensor<T>& dc) {
+  if constexpr (cuda::enabled) {
+    if (!dc.device().is_cpu()) return device_backward(s, needs, dc);
+  }
   using C = compute_t<T>;
   const MatmulPlan& p = s.plan;
   const Tensor<C> dc_c = cast<C>(dc);
@@ -166,7 +287,7 @@ std::tuple<Tensor<T>, Tensor<T>> matmul_backward(const MatmulSaved<T>& s, const 
 }  // namespace
 
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  check_cpu_inputs("matmul", a, b);  // no GPU path yet
+  check_same_device("matmul", a, b);
   MatmulPlan plan = plan_matmul(a.shape(), b.shape());
   return custom_op<MatmulSaved<T>>(
       "matmul",

@@ -21,23 +21,29 @@ struct Tolerance {
   double rtol, atol;
 };
 
-// Checks |got - want| <= atol + rtol·|want| for every element; a failure names the worst element.
-template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
-  REQUIRE(got.shape() == want.shape());
-  double worst = 0.0;
+// The element farthest outside the tolerance: its index and |got - want| / (atol + rtol·|want|) (<= 1 passes).
+struct Worst {
+  double ratio = 0.0;
   std::int64_t at = 0;
+};
+template <class T> Worst worst_element(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
+  REQUIRE(got.shape() == want.shape());
+  Worst worst;
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     const double diff = std::abs(convert<double>(got.flat(i)) - want.flat(i));
     double ratio = diff == 0.0 ? 0.0 : diff / (tol.atol + tol.rtol * std::abs(want.flat(i)));
     if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
-    if (ratio > worst) {
-      worst = ratio;
-      at = i;
-    }
+    if (ratio > worst.ratio) worst = {ratio, i};
   }
-  INFO("worst element ", at, " of shape ", got.shape(), ": got ", convert<double>(got.flat(at)), ", want ",
-       want.flat(at), " (rtol ", tol.rtol, ", atol ", tol.atol, ")");
-  CHECK(worst <= 1.0);
+  return worst;
+}
+
+// Checks |got - want| <= atol + rtol·|want| for every element; a failure names the worst element.
+template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
+  const Worst worst = worst_element(got, want, tol);
+  INFO("worst element ", worst.at, " of shape ", got.shape(), ": got ", convert<double>(got.flat(worst.at)),
+       ", want ", want.flat(worst.at), " (rtol ", tol.rtol, ", atol ", tol.atol, ")");
+  CHECK(worst.ratio <= 1.0);
 }
 
 template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {

@@ -1,0 +1,302 @@
+// cuBLASLt GEMM (see blaslt.hpp).
+//
+// Row-major without copies: cuBLASLt's matrices are column-major, and a row-major [r, c] matrix with rows ld apart
+// is, read column-major, the [c, r] matrix with columns ld apart: its transpose. So C = op(A) · op(B) is computed as
+// Cᵀ = op(B)ᵀ · op(A)ᵀ: cuBLASLt's first operand is our B, its second our A, each keeping its transpose flag, and
+// its [N, M] column-major output is our C. Its bias epilogue adds bias[j] along row j of that [N, M] output, which
+// is column j of C: a bias broadcast over C's rows.
+//
+// Split-K: only algorithms that add partial sums in the compute type (or do not split) are allowed; cuBLASLt's
+// other schemes add them in the output type, which for bf16/f16 would round more than once.
+// K == 0 is no cuBLASLt problem (an [M, 0] operand has no valid layout): a small kernel writes beta · C + bias.
+#include "cuda/blaslt.hpp"
+
+#include <cublasLt.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/cublas_check.cuh"
+#include "cuda/launch.cuh"
+
+namespace tapegrad::cuda {
+
+namespace {
+
+// The most workspace an algorithm may ask for: what NVIDIA recommends on Hopper for its largest kernels.
+constexpr std::uint64_t max_workspace_bytes = std::uint64_t{32} << 20;
+
+std::atomic<bool> tf32_allowed{false};
+
+// A matrix's extent as stored, [rows, cols].
+struct Extent {
+  std::int64_t rows, cols;
+};
+Extent stored_a(const GemmArgs& g) { return g.a.transpose ? Extent{g.K, g.M} : Extent{g.M, g.K}; }
+Extent stored_b(const GemmArgs& g) { return g.b.transpose ? Extent{g.N, g.K} : Extent{g.K, g.N}; }
+
+std::string describe(const GemmArgs& g) {
+  const Extent a = stored_a(g), b = stored_b(g);
+  return detail::concat(dtype_name(g.dtype), " gemm of op(A) [", g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N,
+                        "], batch ", g.batch, ": A stored [", a.rows, ", ", a.cols, "]",
+                        g.a.transpose ? " (transposed)" : "", " with lda ", g.a.ld, " and batch stride ",
+                        g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
+                        g.b.transpose ? " (transposed)" : "", " with ldb ", g.b.ld, " and batch stride ",
+                        g.b.batch_stride, ", C [", g.M, ", ", g.N, "] with ldc ", g.c.ld, " and batch stride ",
+                        g.c.batch_stride, g.bias ? ", plus a bias" : "");
+}
+
+cudaDataType_t data_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f64: return CUDA_R_64F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: check(false, "gemm", "no GPU GEMM for dtype ", dtype_name(dtype));
+  }
+  return CUDA_R_32F;  // not reached
+}
+
+void validate(const GemmArgs& g) {
+  data_type(g.dtype);
+  check(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 0, "gemm", "negative size in the ", describe(g));
+  check(g.batch <= INT32_MAX, "gemm", "a batch of more than 2^31 - 1 entries in the ", describe(g));
+  // (cuBLASLt only sees products with M, N and K all positive, so these leading dimensions are positive too.)
+  const Extent a = stored_a(g), b = stored_b(g);
+  check(g.a.ld >= a.cols && g.b.ld >= b.cols && g.c.ld >= g.N, "gemm",
+        "a leading dimension is shorter than its matrix's rows in the ", describe(g));
+  check(g.a.batch_stride >= 0 && g.b.batch_stride >= 0, "gemm", "negative batch stride in the ", describe(g));
+  check(g.batch <= 1 || g.M == 0 || g.c.batch_stride >= (g.M - 1) * g.c.ld + g.N, "gemm",
+        "the output matrices overlap in the ", describe(g));
+}
+
+// The batch stride cuBLASLt sees: none for a single product.
+std::int64_t stride_of(std::int64_t batch_stride, const GemmArgs& g) { return g.batch > 1 ? batch_stride : 0; }
+
+// The largest power of two, at most 256, dividing the byte address of every matrix of a stack: cuBLASLt only picks
+// algorithms whose vector loads that alignment allows.
+std::uint32_t alignment(const void* data, std::int64_t batch_stride, DType dtype) {
+  const std::uint64_t bits = reinterpret_cast<std::uintptr_t>(data) |
+                             static_cast<std::uint64_t>(batch_stride) * dtype_size(dtype) | std::uint64_t{256};
+  return static_cast<std::uint32_t>(bits & (~bits + 1));
+}
+
+// The one cuBLASLt handle of each device, created on first use (thread-safe) and never destroyed: work queued with
+// it may outlive main, like the tensors it reads.
+cublasLtHandle_t handle_of(int device) {
+  static std::vector<std::once_flag> ready(static_cast<std::size_t>(device_count()));
+  static std::vector<cublasLtHandle_t> handles(static_cast<std::size_t>(device_count()));
+  const auto i = static_cast<std::size_t>(device);
+  std::call_once(ready[i], [&] {
+    OnDevice on(device);
+    TAPEGRAD_CUBLAS_CHECK(cublasLtCreate(&handles[i]), detail::concat("the handle of cuda:", device));
+  });
+  return handles[i];
+}
+
+// Attribute setters, one per kind of descriptor.
+template <class V>
+void set(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attribute, const V& value,
+         const GemmArgs& g) {
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, attribute, &value, sizeof(value)),
+                        detail::concat("the ", describe(g), " (layout attribute ", attribute, ")"));
+}
+template <class V>
+void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const V& value, const GemmArgs& g) {
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)),
+                        detail::concat("the ", describe(g), " (matmul attribute ", attribute, ")"));
+}
+template <class V>
+void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute, const V& value,
+         const GemmArgs& g) {
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)),
+                        detail::concat("the ", describe(g), " (preference attribute ", attribute, ")"));
+}
+
+// cuBLASLt's view of the problem (see the top of the file). The descriptors live in place: nothing to destroy.
+struct Problem {
+  cublasLtMatmulDescOpaque_t matmul;
+  cublasLtMatrixLayoutOpaque_t first;   // our B
+  cublasLtMatrixLayoutOpaque_t second;  // our A
+  cublasLtMatrixLayoutOpaque_t out;     // our C, read (beta != 0) and written
+};
+
+// A row-major stack as a column-major layout: the stored [rows, cols] read as [cols, rows].
+void init_layout(cublasLtMatrixLayoutOpaque_t& layout, Extent e, std::int64_t ld, std::int64_t batch_stride,
+                 const GemmArgs& g) {
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&layout, data_type(g.dtype), static_cast<std::uint64_t>(e.cols),
+                                                 static_cast<std::uint64_t>(e.rows), ld),
+                        describe(g));
+  if (g.batch > 1) {
+    set(&layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<std::int32_t>(g.batch), g);
+    set(&layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, batch_stride, g);
+  }
+}
+
+cublasOperation_t operation(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
+  const cublasComputeType_t compute = g.dtype == DType::f64 ? CUBLAS_COMPUTE_64F
+                                      : tf32                ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                            : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t scale = g.dtype == DType::f64 ? CUDA_R_64F : CUDA_R_32F;
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulDescInit(&p.matmul, compute, scale), describe(g));
+  set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(operation(g.b.transpose)), g);
+  set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(operation(g.a.transpose)), g);
+  if (g.bias) {
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS), g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, g);  // one vector for every entry: batch stride 0
+  }
+  init_layout(p.first, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
+  init_layout(p.second, stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
+  init_layout(p.out, {g.M, g.N}, g.c.ld, stride_of(g.c.batch_stride, g), g);
+}
+
+// Everything the choice of algorithm depends on.
+struct AlgoKey {
+  int device;
+  DType dtype;
+  bool tf32, trans_a, trans_b, bias;
+  std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
+  std::uint32_t align_a, align_b, align_c, align_bias;
+  auto operator<=>(const AlgoKey&) const = default;
+};
+
+AlgoKey key_of(const GemmArgs& g, int device, bool tf32) {
+  const std::int64_t sa = stride_of(g.a.batch_stride, g), sb = stride_of(g.b.batch_stride, g),
+                     sc = stride_of(g.c.batch_stride, g);
+  return {device,
+          g.dtype,
+          tf32,
+          g.a.transpose,
+          g.b.transpose,
+          g.bias != nullptr,
+          g.M,
+          g.N,
+          g.K,
+          g.batch,
+          g.a.ld,
+          g.b.ld,
+          g.c.ld,
+          sa,
+          sb,
+          sc,
+          alignment(g.a.data, sa, g.dtype),
+          alignment(g.b.data, sb, g.dtype),
+          alignment(g.c.data, sc, g.dtype),
+          alignment(g.bias, 0, g.dtype)};
+}
+
+struct Algo {
+  cublasLtMatmulAlgo_t algo;
+  std::size_t workspace_bytes;
+};
+
+// cuBLASLt's first choice for the problem.
+Algo choose_algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key) {
+  cublasLtMatmulPreferenceOpaque_t preference;
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference), describe(g));
+  set(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace_bytes, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+      static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, g);  // cuBLASLt's A is our B
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, g);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, &p.matmul, &p.first, &p.second, &p.out, &p.out,
+                                                       &preference, 1, &result, &found),
+                        describe(g));
+  check(found > 0, "gemm", "cuBLASLt has no algorithm for the ", describe(g));
+  return {result.algo, result.workspaceSize};
+}
+
+// The algorithm of a problem, chosen on its first call. The first choice stored wins, so that every later call
+// runs the same algorithm (and gives the same bits).
+Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key) {
+  static std::mutex mutex;
+  static std::map<AlgoKey, Algo> cache;
+  {
+    const std::lock_guard lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const Algo chosen = choose_algorithm(handle, p, g, key);  // outside the lock: other problems need not wait
+  const std::lock_guard lock(mutex);
+  return cache.try_emplace(key, chosen).first->second;
+}
+
+// Scratch memory for one product, from the pool on the current stream; returned after the product, in stream order.
+class Workspace {
+ public:
+  Workspace(std::size_t bytes, int device) : block_(device_allocate(bytes, device)) {}
+  ~Workspace() { device_free(block_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* data() const { return block_.ptr; }
+  std::size_t bytes() const { return block_.bytes; }
+
+ private:
+  Block block_;
+};
+
+// C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C.
+template <class S>
+__global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, std::int64_t N, std::int64_t ld,
+                                     std::int64_t batch_stride, compute_of<S> beta, const S* bias) {
+  using C = compute_of<S>;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t col = i % N, row = i / N;  // row counts over all entries' rows
+    S& out = c[(row / M) * batch_stride + (row % M) * ld + col];
+    C v = beta == C(0) ? C(0) : beta * to_compute<C>(out);
+    if (bias != nullptr) v += to_compute<C>(bias[col]);
+    out = from_compute<S>(v);
+  }
+}
+
+void empty_product(const GemmArgs& g, const Launch& launch) {
+  dispatch_float(g.dtype, "gemm", [&](auto tag) {
+    using S = decltype(tag);
+    constexpr int threads = 256;
+    const std::int64_t total = g.batch * g.M * g.N;
+    empty_product_kernel<S><<<launch.blocks_for(total, threads), threads, 0, launch.stream()>>>(
+        static_cast<S*>(g.c.data), total, g.M, g.N, g.c.ld, g.c.batch_stride, static_cast<compute_of<S>>(g.beta),
+        static_cast<const S*>(g.bias));
+    TAPEGRAD_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, int device) {
+  check_device_index(device, "gemm");
+  validate(g);
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+  const Launch launch(device);
+  if (g.K == 0) return empty_product(g, launch);
+
+  const bool tf32 = g.dtype == DType::f32 && allow_tf32();
+  const cublasLtHandle_t handle = handle_of(device);
+  Problem p;
+  init_problem(p, g, tf32);
+  const Algo algo = algorithm(handle, p, g, key_of(g, device, tf32));
+  const Workspace workspace(algo.workspace_bytes, device);
+  const double scalars64[2] = {g.alpha, g.beta};
+  const float scalars32[2] = {static_cast<float>(g.alpha), static_cast<float>(g.beta)};
+  const bool f64 = g.dtype == DType::f64;
+  const void* alpha = f64 ? static_cast<const void*>(&scalars64[0]) : &scalars32[0];
+  const void* beta = f64 ? static_cast<const void*>(&scalars64[1]) : &scalars32[1];
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmul(handle, &p.matmul, alpha, g.b.data, &p.first, g.a.data, &p.second, beta,
+                                       g.c.data, &p.out, g.c.data, &p.out, &algo.algo, workspace.data(),
+                                       workspace.bytes(), launch.stream()),
+                        describe(g));
+}
+
+void set_allow_tf32(bool allow) { tf32_allowed.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return tf32_allowed.load(std::memory_order_relaxed); }
+
+}  // namespace tapegrad::cuda

@@ -1,0 +1,63 @@
+// Matrix products on the GPU through cuBLASLt. Plain C++ (see cuda/enabled.hpp for how ops call it).
+//
+//   C_i = alpha · op(A_i) · op(B_i) + beta · C_i (+ bias)      for every batch entry i < batch
+//
+// on row-major matrices: op(A_i) is [M, K], stored [M, K] or, transposed, [K, M], its rows `ld` elements apart and
+// matrix i starting `i · batch_stride` elements after `data` (batch_stride 0: the same matrix for every entry);
+// likewise op(B_i) is [K, N], and C_i is [M, N]. beta == 0 never reads C. K == 0 gives C_i = beta · C_i (+ bias).
+// The work is queued on the device's current stream; nothing waits for it.
+//
+// Precision: f64 multiplies and accumulates in f64. f32 is exact FP32 unless set_allow_tf32(true): then the inputs
+// are rounded to TF32 (10-bit mantissa) for the tensor cores, accumulating in f32. bf16/f16 multiply and accumulate
+// in f32 and round once to the output; split-K partial sums are kept in f32 too. alpha and beta are f32 except for
+// f64. The same call on the same device gives bitwise the same result every run.
+//
+// Cost of a call: the algorithm is chosen once per problem (shapes, dtype, transposes, batch, strides, pointer
+// alignments, bias or not, TF32 or not) and cached; its workspace, at most 32 MiB and only what the chosen
+// algorithm needs, comes from the device's stream-ordered pool on the current stream and goes back after the
+// product (the pool caches it, so a repeated call allocates nothing from the driver). One cuBLASLt handle per
+// device, created on first use and shared by all threads.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype_tag.hpp"
+
+namespace tapegrad::cuda {
+
+// One input operand, a stack of matrices as stored.
+struct GemmOperand {
+  const void* data = nullptr;
+  std::int64_t ld = 0;            // elements between rows
+  std::int64_t batch_stride = 0;  // elements between the matrices of consecutive entries; 0: one shared matrix
+  bool transpose = false;         // stored transposed: op(X) = Xᵀ
+};
+
+// The output stack: distinct matrices, rows `ld` apart.
+struct GemmOutput {
+  void* data = nullptr;
+  std::int64_t ld = 0;
+  std::int64_t batch_stride = 0;
+};
+
+struct GemmArgs {
+  DType dtype = DType::f32;  // of A, B, C and the bias (f32, f64, bf16 or f16)
+  std::int64_t M = 0, N = 0, K = 0, batch = 1;
+  GemmOperand a = {}, b = {};
+  GemmOutput c = {};
+  double alpha = 1.0, beta = 0.0;
+  // Optional: N values in `dtype` added to every row of every C_i (cuBLASLt's bias epilogue).
+  const void* bias = nullptr;
+};
+
+// Runs the product on `device`. Throws tapegrad::Error naming the shapes for a dtype without a GPU GEMM, negative
+// sizes, leading dimensions shorter than their rows, overlapping output matrices, or a cuBLASLt failure.
+void gemm(const GemmArgs& args, int device);
+
+// Whether f32 products may use TF32 tensor cores (process-wide; off by default). Like PyTorch's
+// torch.backends.cuda.matmul.allow_tf32: typically several times faster, with relative errors near 1e-3 instead of
+// 1e-6. Products already running are not affected.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+}  // namespace tapegrad::cuda
