@@ -9,6 +9,12 @@
 // double reference's), each within |got - want| <= atol + rtol·|want|.
 #pragma once
 
+// The dtypes a GPU op test runs, as a TEST_CASE_TEMPLATE type list: tests/meson.build builds one executable per
+// dtype; compiled by hand, a test covers all four.
+#ifndef TAPEGRAD_GPU_DTYPES
+#define TAPEGRAD_GPU_DTYPES float, double, tapegrad::bf16, tapegrad::f16
+#endif
+
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -30,8 +30,8 @@ const std::vector<std::int64_t> sizes = {0, 1, 7, 33, 1000003};
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("binary operators match the CPU at sizes that are not multiples of the vector width", T, float,
-                   double, bf16, f16) {
+TEST_CASE_TEMPLATE("binary operators match the CPU at sizes that are not multiples of the vector width",
+                   T, TAPEGRAD_GPU_DTYPES) {
   for (const std::int64_t n : sizes) {
     CAPTURE(n);
     const std::uint64_t seed = 100 + static_cast<std::uint64_t>(n);
@@ -45,7 +45,7 @@ TEST_CASE_TEMPLATE("binary operators match the CPU at sizes that are not multipl
   }
 }
 
-TEST_CASE_TEMPLATE("unary functions and activations match the CPU", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("unary functions and activations match the CPU", T, TAPEGRAD_GPU_DTYPES) {
   const Shape s{3, 37};
   const Tolerance tol = tolerance<T>();
   const GpuInput any{s}, positive{s, GpuInput::positive};
@@ -66,7 +66,7 @@ TEST_CASE_TEMPLATE("unary functions and activations match the CPU", T, float, do
   check_against_cpu<T>("squared_relu", [](const auto& v) { return eval(squared_relu(v[0])); }, {any}, tol, 15);
 }
 
-TEST_CASE_TEMPLATE("scalar operands match the CPU", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("scalar operands match the CPU", T, TAPEGRAD_GPU_DTYPES) {
   const GpuInput any{{5, 9}}, positive{{5, 9}, GpuInput::positive};
   const Tolerance tol = tolerance<T>();
   check_against_cpu<T>("x + 1.5", [](const auto& v) { return eval(v[0] + 1.5); }, {any}, tol, 1);
@@ -77,7 +77,7 @@ TEST_CASE_TEMPLATE("scalar operands match the CPU", T, float, double, bf16, f16)
   check_against_cpu<T>("x ^ 1.7", [](const auto& v) { return eval(pow(v[0], 1.7)); }, {positive}, tol, 6);
 }
 
-TEST_CASE_TEMPLATE("a fused expression is one node on the GPU and matches the CPU", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("a fused expression is one node on the GPU and matches the CPU", T, TAPEGRAD_GPU_DTYPES) {
   // Rounding each input once in bf16/f16 moves this longer expression's terms by up to 3 roundings.
   Tolerance tol = tolerance<T>();
   if constexpr (is_half_precision_v<T>) tol.rtol *= 2;
@@ -90,8 +90,8 @@ TEST_CASE_TEMPLATE("a fused expression is one node on the GPU and matches the CP
   CHECK(y.device() == test::gpu);
 }
 
-TEST_CASE_TEMPLATE("broadcasting matches the CPU, and broadcast operands get summed gradients", T, float, double,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("broadcasting matches the CPU, and broadcast operands get summed gradients",
+                   T, TAPEGRAD_GPU_DTYPES) {
   // A broadcast operand's gradient sums up to 100 terms: the rounding of the sum adds to the per-element error.
   Tolerance tol = tolerance<T>();
   if constexpr (std::is_same_v<T, float>) tol.rtol = 1e-4;
@@ -107,7 +107,7 @@ TEST_CASE_TEMPLATE("broadcasting matches the CPU, and broadcast operands get sum
   check_against_cpu<T>("empty", mul, {{{0, 33}}, {{33}}}, tol, 8);
 }
 
-TEST_CASE_TEMPLATE("an operand used twice accumulates its gradients on the GPU", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("an operand used twice accumulates its gradients on the GPU", T, TAPEGRAD_GPU_DTYPES) {
   Tolerance tol = tolerance<T>();
   check_against_cpu<T>("x * x + x", [](const auto& v) { return eval(v[0] * v[0] + v[0]); }, {{{1001}}}, tol, 3);
   check_against_cpu<T>("two nodes", [](const auto& v) { return eval(exp(v[0]) * v[1]) + v[0] * 2; },

@@ -94,7 +94,7 @@ class Tf32Switch {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("matmul on the GPU matches the CPU for square and odd sizes", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU matches the CPU for square and odd sizes", T, TAPEGRAD_GPU_DTYPES) {
   const MatmulCase cases[] = {
       // square
       {{1, 1}, {1, 1}}, {{7, 7}, {7, 7}}, {{33, 33}, {33, 33}}, {{129, 129}, {129, 129}}, {{1000, 1000}, {1000, 1000}},
@@ -105,8 +105,7 @@ TEST_CASE_TEMPLATE("matmul on the GPU matches the CPU for square and odd sizes",
   for (const MatmulCase& c : cases) check_matmul<T>(c, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("matmul on the GPU takes vectors in either position, dropping their axis", T, float, double, bf16,
-                   f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU takes vectors in either position, dropping their axis", T, TAPEGRAD_GPU_DTYPES) {
   const MatmulCase cases[] = {
       {{33}, {33, 7}}, {{7, 33}, {33}}, {{129}, {129}}, {{1}, {1}}, {{4, 7, 33}, {33}}, {{33}, {4, 33, 7}},
   };
@@ -114,8 +113,8 @@ TEST_CASE_TEMPLATE("matmul on the GPU takes vectors in either position, dropping
   for (const MatmulCase& c : cases) check_matmul<T>(c, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("matmul on the GPU multiplies stacks, sharing a single matrix on either side", T, float, double,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU multiplies stacks, sharing a single matrix on either side",
+                   T, TAPEGRAD_GPU_DTYPES) {
   const MatmulCase cases[] = {
       {{5, 7, 33}, {5, 33, 129}},      // one product per stacked pair
       {{5, 7, 33}, {33, 129}},         // x · W: one tall GEMM forward and for dA, one GEMM over all rows for dB
@@ -127,8 +126,8 @@ TEST_CASE_TEMPLATE("matmul on the GPU multiplies stacks, sharing a single matrix
   for (const MatmulCase& c : cases) check_matmul<T>(c, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("matmul on the GPU broadcasts batch axes both ways and along some axes only", T, float, double, bf16,
-                   f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU broadcasts batch axes both ways and along some axes only",
+                   T, TAPEGRAD_GPU_DTYPES) {
   // Each operand broadcast along an axis the other has: both expanded, both gradients summed back (sum_to).
   const MatmulCase cases[] = {
       {{2, 1, 7, 33}, {3, 33, 9}},
@@ -140,8 +139,8 @@ TEST_CASE_TEMPLATE("matmul on the GPU broadcasts batch axes both ways and along 
   for (const MatmulCase& c : cases) check_matmul<T>(c, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("matmul on the GPU over K = 0 gives zeros, and empty M, N or batches give empty results", T, float,
-                   double, bf16, f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU over K = 0 gives zeros, and empty M, N or batches give empty results",
+                   T, TAPEGRAD_GPU_DTYPES) {
   for (const MatmulCase& c : {MatmulCase{{7, 0}, {0, 9}}, MatmulCase{{3, 7, 0}, {0, 9}}, MatmulCase{{0}, {0}}}) {
     const test::Run<T> got = check_matmul<T>(c, 500);
     CHECK(got.y.numel() > 0);
@@ -161,7 +160,7 @@ TEST_CASE_TEMPLATE("matmul on the GPU over K = 0 gives zeros, and empty M, N or 
   }
 }
 
-TEST_CASE_TEMPLATE("matmul of GPU inputs leaves its result and gradients on the GPU", T, float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("matmul of GPU inputs leaves its result and gradients on the GPU", T, TAPEGRAD_GPU_DTYPES) {
   const Var<T> a = param(randn<T>({2, 7, 33}, 1).to(gpu)), b = param(randn<T>({33, 5}, 2).to(gpu));
   const Var<T> y = matmul(a, b);
   CHECK(y.value().device() == gpu);
@@ -253,8 +252,8 @@ template <class T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda::gemm computes alpha·op(A)·op(B) + beta·C for every transpose, padding and batch stride", T,
-                   float, double, bf16, f16) {
+TEST_CASE_TEMPLATE("cuda::gemm computes alpha·op(A)·op(B) + beta·C for every transpose, padding and batch stride",
+                   T, TAPEGRAD_GPU_DTYPES) {
   std::uint64_t seed = 600;
   for (const bool trans_a : {false, true}) {
     for (const bool trans_b : {false, true}) {
@@ -272,8 +271,7 @@ TEST_CASE_TEMPLATE("cuda::gemm computes alpha·op(A)·op(B) + beta·C for every 
   check_gemm<T>({.M = 1000, .N = 1, .K = 1, .batch = 1, .trans_a = true}, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("cuda::gemm's bias epilogue adds the bias to every row of every product", T, float, double, bf16,
-                   f16) {
+TEST_CASE_TEMPLATE("cuda::gemm's bias epilogue adds the bias to every row of every product", T, TAPEGRAD_GPU_DTYPES) {
   std::uint64_t seed = 700;
   check_gemm<T>({.M = 7, .N = 33, .K = 129, .batch = 1, .bias = true}, seed += 10);
   check_gemm<T>({.M = 129, .N = 1000, .K = 33, .batch = 1, .trans_b = true, .bias = true}, seed += 10);
@@ -286,8 +284,8 @@ TEST_CASE_TEMPLATE("cuda::gemm's bias epilogue adds the bias to every row of eve
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 2, .pad = 1}, seed += 10);
 }
 
-TEST_CASE_TEMPLATE("matmul on the GPU gives bitwise the same values and gradients on every run", T, float, double,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("matmul on the GPU gives bitwise the same values and gradients on every run",
+                   T, TAPEGRAD_GPU_DTYPES) {
   // The folded GEMMs of x · W, a batched GEMM, a left operand shared by the batch (stride 0; a constant, so that
   // no sum over the batch is involved), and a long K that invites split-K algorithms.
   const std::vector<GpuInput> cases[] = {
