@@ -35,9 +35,10 @@ TEST_CASE_TEMPLATE("binary operators match the CPU at sizes that are not multipl
   for (const std::int64_t n : sizes) {
     CAPTURE(n);
     const std::uint64_t seed = 100 + static_cast<std::uint64_t>(n);
-    check_against_cpu<T>("a + b", [](const auto& v) { return eval(v[0] + v[1]); }, {{{n}}, {{n}}}, tolerance<T>(), seed);
-    check_against_cpu<T>("a - b", [](const auto& v) { return eval(v[0] - v[1]); }, {{{n}}, {{n}}}, tolerance<T>(), seed);
-    check_against_cpu<T>("a * b", [](const auto& v) { return eval(v[0] * v[1]); }, {{{n}}, {{n}}}, tolerance<T>(), seed);
+    const std::vector<GpuInput> two{{{n}}, {{n}}};
+    check_against_cpu<T>("a + b", [](const auto& v) { return eval(v[0] + v[1]); }, two, tolerance<T>(), seed);
+    check_against_cpu<T>("a - b", [](const auto& v) { return eval(v[0] - v[1]); }, two, tolerance<T>(), seed);
+    check_against_cpu<T>("a * b", [](const auto& v) { return eval(v[0] * v[1]); }, two, tolerance<T>(), seed);
     check_against_cpu<T>("a / b", [](const auto& v) { return eval(v[0] / v[1]); },
                          {{{n}}, {{n}, GpuInput::positive}}, tolerance<T>(), seed);
     check_against_cpu<T>("pow(a, b)", [](const auto& v) { return eval(pow(v[0], v[1])); },

@@ -36,7 +36,8 @@ template <class T> Tolerance tolerance(std::int64_t length) {
     return {2e-5, 2e-5 * scale};
   } else if constexpr (std::is_same_v<T, bf16>) {
     // One rounding to bf16 (2^-8 relative), in f32 accumulation; a gradient summed over the products that share
-    // an operand rounds each product first: √products roundings of up to 2^-8 of a term each, hence 4 · 2^-8 · √length.
+    // an operand rounds each product first: √products roundings of up to 2^-8 of a term each,
+    // hence 4 · 2^-8 · √length.
     return {0x1p-7, 0x1p-6 * scale};
   } else {
     return {0x1p-10, 0x1p-9 * scale};  // f16: as bf16, with 2^-11 per rounding
