@@ -1,5 +1,10 @@
+// Broadcast plans, and expand_to / sum_to on the cpu (odometer loops) and on a GPU (a strided copy with zero
+// strides on the broadcast axes; the reduction kernels over them).
 #include "ops/broadcast.hpp"
 
+#include "cuda/enabled.hpp"
+#include "cuda/reduce.hpp"
+#include "cuda/strided_copy.hpp"
 #include "tensor/eigen.hpp"
 
 namespace tapegrad {
@@ -73,6 +78,16 @@ std::array<std::int64_t, Shape::max_rank> broadcast_strides(const Shape& from, c
   return s;
 }
 
+// Which axes of `to` broadcast `from` (NumPy rules: `from` right-aligned, its missing and size-1 axes broadcast).
+std::vector<bool> broadcast_axes(const Shape& from, const Shape& to) {
+  std::vector<bool> axes(static_cast<std::size_t>(to.rank()));
+  for (int i = 0; i < to.rank(); ++i) {
+    const int j = i - (to.rank() - from.rank());
+    axes[static_cast<std::size_t>(i)] = j < 0 || from[j] == 1;
+  }
+  return axes;
+}
+
 // Calls visit(out_index, in_index) for each element of `to`, with in_index the element of `from` it reads.
 template <class Visit> void for_each_broadcast(const Shape& from, const Shape& to, Visit visit) {
   const auto strides = broadcast_strides(from, to);
@@ -93,10 +108,20 @@ template <class Visit> void for_each_broadcast(const Shape& from, const Shape& t
 }  // namespace
 
 template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
-  check_on_cpu("expand_to", 0, t.device());
   check(broadcast_shapes(t.shape(), shape, "expand_to") == shape, "expand_to", "cannot expand shape ",
         t.shape(), " to ", shape);
-  Tensor<T> out(shape);
+  Tensor<T> out(shape, t.device());
+  if constexpr (cuda::enabled) {
+    if (!t.device().is_cpu()) {
+      const auto from = broadcast_strides(t.shape(), shape), to = shape.strides();
+      std::vector<cuda::CopyAxis> axes;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(shape.rank()); ++i) {
+        axes.push_back({shape[static_cast<int>(i)], from[i], to[i]});
+      }
+      cuda::strided_copy(dtype_v<T>, t.data(), out.data(), axes, t.device().index);
+      return out;
+    }
+  }
   const T* src = t.data();
   T* dst = out.data();
   for_each_broadcast(t.shape(), shape, [&](std::int64_t o, std::int64_t i) { dst[o] = src[i]; });
@@ -105,9 +130,16 @@ template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
 
 template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape) {
   if (g.shape() == shape) return g;
-  check_on_cpu("sum_to", 0, g.device());
   check(broadcast_shapes(shape, g.shape(), "sum_to") == g.shape(), "sum_to", "cannot reduce shape ",
         g.shape(), " to ", shape);
+  if constexpr (cuda::enabled) {
+    if (!g.device().is_cpu()) {
+      Tensor<T> out(shape, g.device());
+      cuda::sum(dtype_v<T>, g.data(), {g.shape().to_vector(), broadcast_axes(shape, g.shape())}, 1.0, out.data(),
+                g.device().index);
+      return out;
+    }
+  }
   using C = compute_t<T>;
   std::vector<C> acc(static_cast<std::size_t>(shape.numel()), C(0));
   const T* src = g.data();

@@ -29,7 +29,9 @@ BroadcastPlan plan_broadcast(const std::vector<Shape>& operands, const char* op)
 // `t` broadcast (NumPy rules) to `shape`, materialized.
 template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape);
 // Sums `g` (of a broadcast result's shape) over the broadcast axes, down to `shape`; the inverse of expand_to for
-// gradients. Accumulates in compute_t<T>.
+// gradients. The result is on g's device, rounded once to T. On the cpu the sums run in compute_t<T> (f32 for
+// f32), in row-major order; on a GPU they run as `sum`'s (ops/reduce.hpp: f64 for f32 and f64, f32 for bf16/f16,
+// in a fixed order), so f32 results of the two can differ in the last bits.
 template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape);
 
 }  // namespace tapegrad

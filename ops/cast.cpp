@@ -12,7 +12,6 @@ template <class To, class From> Var<To> cast(const Var<From>& x) {
     return x;
   } else {
     struct Nothing {};
-    check_cpu_inputs("cast", x);  // no GPU path yet
     return custom_op<Nothing>(
         "cast to " + std::string(dtype_name(dtype_v<To>)),
         [](Nothing&, const Tensor<From>& v) { return cast<To>(v); },

@@ -8,6 +8,9 @@
 // Backward, in the same [outer, n, inner] layout and permuted back when the forward permuted: sum and mean spread
 // dy over n; max sends dy to the first element of each group equal to the maximum (the forward propagates NaN, so
 // a NaN maximum goes to the first NaN).
+// On a GPU x is reduced where it lies, without a permute (cuda/reduce.hpp), with the same accumulation types; max
+// also records the flat index of each maximum, and its backward scatters dy there. Sum and mean spread dy back with
+// expand_to, after dividing it by the count for mean.
 #include "ops/reduce.hpp"
 
 #include <algorithm>
@@ -16,7 +19,10 @@
 #include <type_traits>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/enabled.hpp"
+#include "cuda/reduce.hpp"
 #include "ops/axes.hpp"
+#include "ops/broadcast.hpp"
 #include "ops/layout.hpp"
 #include "tensor/eigen.hpp"
 
@@ -30,6 +36,7 @@ struct ReduceLayout {
   Shape y_shape;          // the result's shape
   std::vector<int> perm;  // empty when the reduced axes are contiguous; else the kept axes, then the reduced ones
   std::int64_t outer = 1, n = 1, inner = 1;
+  std::vector<bool> reduced;  // for each axis of x
 };
 
 ReduceLayout plan_reduce(const Shape& x, const std::vector<int>& axes, bool keepdim, const char* op) {
@@ -39,6 +46,7 @@ ReduceLayout plan_reduce(const Shape& x, const std::vector<int>& axes, bool keep
   auto is_reduced = [&](int i) { return reduced[static_cast<std::size_t>(i)]; };
 
   ReduceLayout l;
+  l.reduced = reduced;
   l.x_shape = l.layout_shape = x;
   std::vector<std::int64_t> y_dims;
   for (int i = 0; i < rank; ++i) {
@@ -196,6 +204,30 @@ template <class T> Tensor<T> spread_middle(const Tensor<T>& dy, const ReduceLayo
   return dx;
 }
 
+// ---- the GPU path ----------------------------------------------------------------------------------------------
+
+cuda::Reduction reduction_of(const ReduceLayout& l) { return {l.x_shape.to_vector(), l.reduced}; }
+
+template <class T> Tensor<T> sum_on_device(const Tensor<T>& x, const ReduceLayout& l, double divisor) {
+  Tensor<T> y(l.y_shape, x.device());
+  cuda::sum(dtype_v<T>, x.data(), reduction_of(l), divisor, y.data(), x.device().index);
+  return y;
+}
+
+// dx = dy / divisor, broadcast over the reduced axes.
+template <class T> Tensor<T> spread_on_device(const Tensor<T>& dy, const ReduceLayout& l, double divisor) {
+  Tensor<T> g = dy;
+  if (divisor != 1.0) {
+    g = Tensor<T>(dy.shape(), dy.device());
+    cuda::divide(dtype_v<T>, dy.data(), divisor, g.data(), dy.numel(), dy.device().index);
+  }
+  std::vector<std::int64_t> kept = l.x_shape.to_vector();  // x's shape with the reduced axes kept as 1
+  for (std::size_t a = 0; a < kept.size(); ++a) {
+    if (l.reduced[a]) kept[a] = 1;
+  }
+  return expand_to(g.reshape(Shape(kept)), l.x_shape);
+}
+
 // sum (divisor 1) and mean (divisor n) share everything but the divisor.
 template <class T>
 Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, const char* op, bool average) {
@@ -203,15 +235,20 @@ Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, con
     ReduceLayout layout;
     double divisor = 1;
   };
-  check_cpu_inputs(op, x);  // no GPU path yet
   return custom_op<Saved>(
       op,
       [&](Saved& s, const Tensor<T>& x) {
         s.layout = plan_reduce(x.shape(), axes, keepdim, op);
         s.divisor = average ? static_cast<double>(s.layout.n) : 1.0;
+        if constexpr (cuda::enabled) {
+          if (!x.device().is_cpu()) return sum_on_device(x, s.layout, s.divisor);
+        }
         return reduce_middle<Add, sum_acc_t<T>>(to_layout(x, s.layout, op), s.layout, s.divisor);
       },
       [op](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) return spread_on_device(dy, s.layout, s.divisor);
+        }
         return from_layout(spread_middle(dy, s.layout, s.divisor), s.layout, op);
       },
       x);
@@ -266,21 +303,36 @@ template <class T> Var<T> mean(const Var<T>& x, std::vector<int> axes, bool keep
 template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepdim) {
   struct Saved {
     ReduceLayout layout;
-    Tensor<T> xs;  // x in the layout's order, and
+    Tensor<T> xs;  // on the cpu: x in the layout's order, and
     Tensor<T> y;   // the maxima: together they locate each group's first maximum
+    Tensor<std::int64_t> argmax;  // on a GPU: the flat index into x of each group's first maximum
   };
-  check_cpu_inputs("max", x);  // no GPU path yet
   return custom_op<Saved>(
       "max",
       [&](Saved& s, const Tensor<T>& x) {
         s.layout = plan_reduce(x.shape(), axes, keepdim, "max");
         check(s.layout.n > 0, "max", "cannot take the maximum over zero elements: shape ", x.shape().str(),
               " reduced over axes ", axes.empty() ? std::string("(all)") : list_str(axes));
+        if constexpr (cuda::enabled) {
+          if (!x.device().is_cpu()) {
+            Tensor<T> y(s.layout.y_shape, x.device());
+            s.argmax = Tensor<std::int64_t>(s.layout.y_shape, x.device());
+            cuda::max(dtype_v<T>, x.data(), reduction_of(s.layout), y.data(), s.argmax.data(), x.device().index);
+            return y;
+          }
+        }
         s.xs = to_layout(x, s.layout, "max");
         s.y = reduce_middle<Max, compute_t<T>>(s.xs, s.layout, 1.0);
         return s.y;
       },
       [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) {
+            Tensor<T> dx = zeros<T>(s.layout.x_shape, dy.device());
+            cuda::scatter_to_argmax(dtype_v<T>, dy.data(), s.argmax.data(), dy.numel(), dx.data(), dy.device().index);
+            return dx;
+          }
+        }
         return from_layout(route_to_argmax(s.xs, s.y, dy, s.layout), s.layout, "max");
       },
       x);

@@ -12,6 +12,8 @@
 #include <span>
 #include <vector>
 
+#include "cuda/cast.hpp"
+#include "cuda/enabled.hpp"
 #include "tensor/device.hpp"
 #include "tensor/device_checks.hpp"
 #include "tensor/dtype.hpp"
@@ -124,13 +126,21 @@ template <class T> class Tensor {
   Device device_;  // the storage's, kept here so that element access checks it without following the pointer
 };
 
-// Element-type conversion with round-to-nearest-even.
+// Element-type conversion with round-to-nearest-even, on the tensor's device (bitwise the same on a GPU as on the
+// cpu; conversions to or from the integer types run on the cpu only).
 template <class To, class From> Tensor<To> cast(const Tensor<From>& t) {
   if constexpr (std::is_same_v<To, From>) {
     return t;
   } else {
-    check_on_cpu("cast", 0, t.device());  // the GPU kernel comes with the GPU elementwise ops
-    Tensor<To> out(t.shape(), t.device());
+    if constexpr (cuda::enabled && is_float_dtype_v<To> && is_float_dtype_v<From>) {
+      if (!t.device().is_cpu()) {
+        Tensor<To> out(t.shape(), t.device());
+        cuda::cast(dtype_v<From>, t.data(), dtype_v<To>, out.data(), t.numel(), t.device().index);
+        return out;
+      }
+    }
+    check_on_cpu("cast", 0, t.device());
+    Tensor<To> out(t.shape());
     const From* src = t.data();
     To* dst = out.data();
     for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = convert<To>(src[i]);
