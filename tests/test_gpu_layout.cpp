@@ -219,8 +219,8 @@ TEST_CASE_TEMPLATE("the strided copy moves integer elements like any others", I,
 namespace {
 
 template <class T>
-  using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t,
-                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
 
 // The fields of T's encoding.
 template <class T> struct Encoding {
