@@ -9,14 +9,19 @@
 //                   dq = (lse - x) / N · dL                      (soft targets only)
 //
 // Saved: the inputs (they share storage with them) and, for cross_entropy, lse per row in C, from which backward
-// recomputes softmax in full precision.
+// recomputes softmax in full precision. On a GPU the same, with lse in a device tensor (kernels: cuda/loss.cu);
+// labels on a GPU are checked by the forward kernel, which flags the first one out of range.
 #include "ops/loss.hpp"
 
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/enabled.hpp"
+#include "cuda/loss.hpp"
+#include "cuda/memory.hpp"
 #include "ops/row_sum.hpp"
 #include "ops/softmax_stats.hpp"
 
@@ -61,17 +66,25 @@ template <class T, class Targets> struct CrossEntropySaved {
   Tensor<T> logits;
   Targets targets;
   std::int64_t rows = 0, classes = 0;
-  std::vector<compute_t<T>> lse;  // per row
+  std::vector<compute_t<T>> lse;  // per row (the cpu path's)
+  Tensor<compute_t<T>> device_lse;  // per row (the GPU path's)
 };
 
+// Keeps the inputs, seen as [rows, classes].
 template <class T, class Targets>
-Tensor<T> cross_entropy_forward(CrossEntropySaved<T, Targets>& s, const Tensor<T>& logits, const Targets& targets) {
-  using C = compute_t<T>;
+detail::AxisLayout keep_inputs(CrossEntropySaved<T, Targets>& s, const Tensor<T>& logits, const Targets& targets) {
   const detail::AxisLayout rows = detail::axis_layout(logits.shape(), -1, "cross_entropy");
   s.logits = logits;
   s.targets = targets;
   s.rows = rows.outer;
   s.classes = rows.n;
+  return rows;
+}
+
+template <class T, class Targets>
+Tensor<T> cross_entropy_forward(CrossEntropySaved<T, Targets>& s, const Tensor<T>& logits, const Targets& targets) {
+  using C = compute_t<T>;
+  const detail::AxisLayout rows = keep_inputs(s, logits, targets);
   s.lse = detail::log_sum_exp(detail::softmax_stats(logits, rows));
   const auto total =
       detail::blocked_row_sum<C>(s.rows, 1, 3 * s.classes, [&](std::int64_t begin, std::int64_t end, C* partial) {
@@ -130,19 +143,89 @@ std::string position(const Shape& shape, std::int64_t flat) {
   return Shape(index).str();
 }
 
-void check_labels(const Shape& logits, const Tensor<std::int64_t>& labels) {
+// The shape of the labels of `logits`: its leading axes.
+Shape label_shape(const Shape& logits) {
+  return Shape(logits.dims().first(static_cast<std::size_t>(logits.rank() - 1)));
+}
+
+void check_label_shape(const Shape& logits, const Tensor<std::int64_t>& labels) {
   check_logits(logits);
-  const Shape leading(logits.dims().first(static_cast<std::size_t>(logits.rank() - 1)));
+  const Shape leading = label_shape(logits);
   check(labels.shape() == leading, "cross_entropy", "labels have shape ", labels.shape().str(), " but logits of shape ",
         logits.str(), " need labels of shape ", leading.str());
+}
+
+[[noreturn]] void throw_label_out_of_range(const Shape& logits, std::int64_t flat, std::int64_t label) {
+  throw Error(detail::concat("cross_entropy: label ", label, " at position ", position(label_shape(logits), flat),
+                             " is out of range for ", logits.dim(-1), " classes (logits of shape ", logits.str(), ")"));
+}
+
+// Labels on the cpu, each in [0, classes) (on a GPU the forward kernel checks them).
+void check_label_values(const Shape& logits, const Tensor<std::int64_t>& labels) {
   const std::int64_t classes = logits.dim(-1);
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     const std::int64_t label = labels.flat(i);
-    if (label < 0 || label >= classes) {  // message built only on failure: this runs once per label
-      check(false, "cross_entropy", "label ", label, " at position ", position(leading, i), " is out of range for ",
-            classes, " classes (logits of shape ", logits.str(), ")");
+    if (label < 0 || label >= classes) throw_label_out_of_range(logits, i, label);
+  }
+}
+
+// ---- the GPU path -----------------------------------------------------------------------------------------------
+
+template <class T> Tensor<T> device_mse_loss(const Tensor<T>& pred, const Tensor<T>& target) {
+  const Device device = pred.device();
+  const std::int64_t n = pred.numel();
+  Tensor<compute_t<T>> partials({cuda::mse_loss_partials(n)}, device);
+  Tensor<T> loss(Shape{}, device);
+  cuda::mse_loss_forward(dtype_v<T>, n, pred.data(), target.data(), partials.data(), loss.data(), device.index);
+  return loss;
+}
+
+template <class T>
+std::tuple<Tensor<T>, Tensor<T>> device_mse_grads(const MseSaved<T>& s, const Tensor<T>& dy, const NeedsGrad& needs) {
+  const Device device = dy.device();
+  Tensor<T> dpred = needs[0] ? Tensor<T>(s.pred.shape(), device) : Tensor<T>();
+  Tensor<T> dtarget = needs[1] ? Tensor<T>(s.pred.shape(), device) : Tensor<T>();
+  cuda::mse_loss_backward(dtype_v<T>, s.pred.numel(), s.pred.data(), s.target.data(), dy.data(), dpred.data(),
+                          dtarget.data(), device.index);
+  return {dpred, dtarget};
+}
+
+cuda::CrossEntropyTargets device_targets(const Tensor<std::int64_t>& labels) { return {.labels = labels.data()}; }
+template <class T> cuda::CrossEntropyTargets device_targets(const Tensor<T>& probs) { return {.probs = probs.data()}; }
+
+template <class T, class Targets>
+Tensor<T> device_cross_entropy_forward(CrossEntropySaved<T, Targets>& s, const Tensor<T>& logits,
+                                       const Targets& targets) {
+  constexpr bool labels = std::is_same_v<Targets, Tensor<std::int64_t>>;
+  const Device device = logits.device();
+  keep_inputs(s, logits, targets);
+  s.device_lse = Tensor<compute_t<T>>({s.rows}, device);
+  Tensor<compute_t<T>> row_loss({s.rows}, device);
+  Tensor<std::int64_t> first_bad_label = labels ? Tensor<std::int64_t>({1}, device) : Tensor<std::int64_t>();
+  Tensor<T> loss(Shape{}, device);
+  cuda::cross_entropy_forward({dtype_v<T>, s.rows, s.classes}, logits.data(), device_targets(targets),
+                              s.device_lse.data(), row_loss.data(), loss.data(), first_bad_label.data(), device.index);
+  if constexpr (labels) {
+    const std::int64_t bad = first_bad_label.to(Device::cpu()).item();  // waits for the forward: the one read-back
+    if (bad >= 0) {
+      std::int64_t label = 0;
+      cuda::copy_device_to_host(&label, targets.data() + bad, sizeof label, device.index);
+      throw_label_out_of_range(logits.shape(), bad, label);
     }
   }
+  return loss;
+}
+
+template <class T, class Targets>
+std::tuple<Tensor<T>, Tensor<T>> device_cross_entropy_grads(const CrossEntropySaved<T, Targets>& s,
+                                                            const Tensor<T>& dy, bool need_dlogits,
+                                                            bool need_dtargets) {
+  const Device device = dy.device();
+  Tensor<T> dlogits = need_dlogits ? Tensor<T>(s.logits.shape(), device) : Tensor<T>();
+  Tensor<T> dtargets = need_dtargets ? Tensor<T>(s.logits.shape(), device) : Tensor<T>();
+  cuda::cross_entropy_backward({dtype_v<T>, s.rows, s.classes}, s.logits.data(), device_targets(s.targets),
+                               s.device_lse.data(), dy.data(), dlogits.data(), dtargets.data(), device.index);
+  return {dlogits, dtargets};
 }
 
 }  // namespace
@@ -151,12 +234,15 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
   using C = compute_t<T>;
   check(pred.shape() == target.shape(), "mse_loss", "pred has shape ", pred.shape().str(), " but target has shape ",
         target.shape().str(), "; they must match exactly");
-  check_cpu_inputs("mse_loss", pred, target);  // no GPU path yet
+  check_same_device("mse_loss", pred, target);
   return custom_op<MseSaved<T>>(
       "mse_loss",
       [](MseSaved<T>& s, const Tensor<T>& p, const Tensor<T>& t) {
         s.pred = p;
         s.target = t;
+        if constexpr (cuda::enabled) {
+          if (!p.device().is_cpu()) return device_mse_loss(p, t);
+        }
         const auto total =
             detail::blocked_row_sum<C>(p.numel(), 1, 3, [&](std::int64_t begin, std::int64_t end, C* partial) {
               for (std::int64_t i = begin; i < end; ++i) {
@@ -167,6 +253,9 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
         return mean_of<T>(total[0], p.numel());
       },
       [](const MseSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) return device_mse_grads(s, dy, needs);
+        }
         const C scale = C(2) * static_cast<C>(dy.flat(0)) / static_cast<C>(s.pred.numel());
         Tensor<T> dpred, dtarget;
         if (needs[0]) dpred = scaled_difference(s, scale);
@@ -179,11 +268,20 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::int64_t>& labels) {
   using Saved = CrossEntropySaved<T, Tensor<std::int64_t>>;
   check_same_device("cross_entropy", logits, labels);
-  check_on_cpu("cross_entropy", 0, logits.device());  // no GPU path yet
-  check_labels(logits.shape(), labels);
+  check_label_shape(logits.shape(), labels);
+  if (labels.device().is_cpu()) check_label_values(logits.shape(), labels);
   return custom_op<Saved>(
-      "cross_entropy", [&](Saved& s, const Tensor<T>& x) { return cross_entropy_forward(s, x, labels); },
+      "cross_entropy",
+      [&](Saved& s, const Tensor<T>& x) {
+        if constexpr (cuda::enabled) {
+          if (!x.device().is_cpu()) return device_cross_entropy_forward(s, x, labels);
+        }
+        return cross_entropy_forward(s, x, labels);
+      },
       [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) return std::get<0>(device_cross_entropy_grads(s, dy, true, false));
+        }
         return cross_entropy_dlogits(s, static_cast<compute_t<T>>(dy.flat(0)) / static_cast<compute_t<T>>(s.rows));
       },
       logits);
@@ -194,10 +292,19 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& targ
   check_logits(logits.shape());
   check(target_probs.shape() == logits.shape(), "cross_entropy", "target_probs has shape ", target_probs.shape().str(),
         " but logits have shape ", logits.shape().str(), "; soft targets must match logits exactly");
-  check_cpu_inputs("cross_entropy", logits, target_probs);  // no GPU path yet
+  check_same_device("cross_entropy", logits, target_probs);
   return custom_op<Saved>(
-      "cross_entropy", [](Saved& s, const Tensor<T>& x, const Tensor<T>& q) { return cross_entropy_forward(s, x, q); },
+      "cross_entropy",
+      [](Saved& s, const Tensor<T>& x, const Tensor<T>& q) {
+        if constexpr (cuda::enabled) {
+          if (!x.device().is_cpu()) return device_cross_entropy_forward(s, x, q);
+        }
+        return cross_entropy_forward(s, x, q);
+      },
       [](const Saved& s, const NeedsGrad& needs, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) return device_cross_entropy_grads(s, dy, needs[0], needs[1]);
+        }
         const auto scale = static_cast<compute_t<T>>(dy.flat(0)) / static_cast<compute_t<T>>(s.rows);
         Tensor<T> dlogits, dtargets;
         if (needs[0]) dlogits = cross_entropy_dlogits(s, scale);

@@ -1,4 +1,5 @@
-// layernorm and rmsnorm as tape nodes; the row kernels and their formulas are in ops/norm_rows.hpp.
+// layernorm and rmsnorm as tape nodes; the row kernels and their formulas are in ops/norm_rows.hpp (cpu) and
+// cuda/norm.cu (GPU).
 #include "ops/norm.hpp"
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/enabled.hpp"
+#include "cuda/norm.hpp"
 #include "ops/norm_rows.hpp"
 
 namespace tapegrad {
@@ -33,36 +36,118 @@ void check_norm_inputs(const NormKind& kind, const Shape& x, const Shape& gamma,
   }
 }
 
+// The GPU path's saved state: x and gamma (sharing the inputs' storage) and each row's statistics on the device.
+template <class T> struct DeviceNorm {
+  cuda::NormProblem problem;
+  Tensor<T> x, gamma;
+  Tensor<compute_t<T>> mean, rstd;  // mean stays empty for rmsnorm
+};
+
+template <class T>
+Tensor<T> device_norm_forward(DeviceNorm<T>& s, const NormKind& kind, const NormOptions& options, const Tensor<T>& x,
+                              const Tensor<T>& gamma, const Tensor<T>* beta) {
+  const Device device = x.device();
+  const std::int64_t hidden = x.dim(-1);
+  s.problem = {.dtype = dtype_v<T>,
+               .rows = x.numel() / std::max<std::int64_t>(hidden, 1),
+               .hidden = hidden,
+               .centered = kind.centered,
+               .zero_centered_gamma = options.zero_centered_gamma};
+  s.x = x;
+  s.gamma = gamma;
+  s.mean = Tensor<compute_t<T>>({kind.centered ? s.problem.rows : 0}, device);
+  s.rstd = Tensor<compute_t<T>>({s.problem.rows}, device);
+  Tensor<T> y(x.shape(), device);
+  cuda::norm_forward(s.problem,
+                     {.x = x.data(),
+                      .gamma = gamma.data(),
+                      .beta = beta ? beta->data() : nullptr,
+                      .y = y.data(),
+                      .mean = s.mean.data(),
+                      .rstd = s.rstd.data(),
+                      .epsilon = options.epsilon},
+                     device.index);
+  return y;
+}
+
+template <class T> struct Grads {
+  Tensor<T> dx, dgamma, dbeta;  // each undefined unless asked for
+};
+
+template <class T>
+Grads<T> device_norm_backward(const DeviceNorm<T>& s, const Tensor<T>& dy, bool need_dx, bool need_dgamma,
+                              bool need_dbeta) {
+  const Device device = dy.device();
+  const Shape param_shape{s.problem.hidden};
+  Grads<T> g;
+  if (need_dx) g.dx = Tensor<T>(s.x.shape(), device);
+  if (need_dgamma) g.dgamma = Tensor<T>(param_shape, device);
+  if (need_dbeta) g.dbeta = Tensor<T>(param_shape, device);
+  Tensor<compute_t<T>> partials({cuda::norm_backward_partials(s.problem, need_dgamma, need_dbeta)}, device);
+  cuda::norm_backward(s.problem,
+                      {.x = s.x.data(),
+                       .gamma = s.gamma.data(),
+                       .dy = dy.data(),
+                       .mean = s.mean.data(),
+                       .rstd = s.rstd.data(),
+                       .dx = g.dx.data(),
+                       .dgamma = g.dgamma.data(),
+                       .dbeta = g.dbeta.data(),
+                       .partials = partials.data()},
+                      device.index);
+  return g;
+}
+
+template <class T>
+Grads<T> host_norm_backward(const detail::NormRows<T>& s, const Tensor<T>& dy, bool need_dx, bool need_dgamma,
+                            bool need_dbeta) {
+  auto g = detail::norm_backward(s, dy, need_dx, need_dgamma, need_dbeta);
+  const Shape param_shape{s.hidden};
+  const auto* totals = g.dgamma_dbeta.data();
+  return {g.dx, need_dgamma ? detail::rounded_tensor<T>(totals, param_shape) : Tensor<T>(),
+          need_dbeta ? detail::rounded_tensor<T>(totals + s.hidden, param_shape) : Tensor<T>()};
+}
+
+// What a backward needs: on the cpu NormRows (ops/norm_rows.hpp), on a GPU DeviceNorm.
+template <class T> struct NormSaved {
+  detail::NormRows<T> host;
+  DeviceNorm<T> device;
+};
+
 // Records the node; `beta` is empty or one Var.
 template <class T, class... Beta>
 Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T>& x, const Var<T>& gamma,
                    const Beta&... beta) {
   const Shape* beta_shape = nullptr;
   ((beta_shape = &beta.shape()), ...);
-  check_cpu_inputs(kind.op, x, gamma, beta...);  // no GPU path yet
+  check_same_device(kind.op, x, gamma, beta...);
   check_norm_inputs(kind, x.shape(), gamma.shape(), beta_shape, options);
-  return custom_op<detail::NormRows<T>>(
+  return custom_op<NormSaved<T>>(
       kind.op,
-      [&](detail::NormRows<T>& s, const Tensor<T>& xv, const Tensor<T>& gammav, const auto&... betav) {
+      [&](NormSaved<T>& s, const Tensor<T>& xv, const Tensor<T>& gammav, const auto&... betav) {
         const Tensor<T>* b = nullptr;
         ((b = &betav), ...);
-        s = detail::NormRows<T>(kind.centered, xv, gammav, b, options.zero_centered_gamma);
+        if constexpr (cuda::enabled) {
+          if (!xv.device().is_cpu()) return device_norm_forward(s.device, kind, options, xv, gammav, b);
+        }
+        s.host = detail::NormRows<T>(kind.centered, xv, gammav, b, options.zero_centered_gamma);
         Tensor<T> y(xv.shape());
-        s.forward(options.epsilon, y.data());
+        s.host.forward(options.epsilon, y.data());
         return y;
       },
-      [](const detail::NormRows<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
+      [](const NormSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
         constexpr bool has_beta = sizeof...(Beta) > 0;
         const bool need_dgamma = needs[1], need_dbeta = has_beta && needs[2];
-        auto g = detail::norm_backward(s, dy, needs[0], need_dgamma, need_dbeta);
-        const Shape param_shape{s.hidden};
-        const auto* totals = g.dgamma_dbeta.data();
-        Tensor<T> dgamma = need_dgamma ? detail::rounded_tensor<T>(totals, param_shape) : Tensor<T>();
+        const Grads<T> g = [&] {
+          if constexpr (cuda::enabled) {
+            if (!dy.device().is_cpu()) return device_norm_backward(s.device, dy, needs[0], need_dgamma, need_dbeta);
+          }
+          return host_norm_backward(s.host, dy, needs[0], need_dgamma, need_dbeta);
+        }();
         if constexpr (has_beta) {
-          Tensor<T> dbeta = need_dbeta ? detail::rounded_tensor<T>(totals + s.hidden, param_shape) : Tensor<T>();
-          return std::tuple{g.dx, dgamma, dbeta};
+          return std::tuple{g.dx, g.dgamma, g.dbeta};
         } else {
-          return std::tuple{g.dx, dgamma};
+          return std::tuple{g.dx, g.dgamma};
         }
       },
       x, gamma, beta...);

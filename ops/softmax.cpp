@@ -7,13 +7,15 @@
 //
 // Saved: x (it shares the input's storage) and each line's max and sum in C. Backward recomputes p from them in
 // full precision instead of reading back the rounded output: exp of a bf16 log-softmax output would be off by up
-// to |y|·2⁻⁹ relative.
+// to |y|·2⁻⁹ relative. On a GPU the same, with the statistics in device tensors (kernels: cuda/softmax.cu).
 #include "ops/softmax.hpp"
 
 #include <cmath>
 #include <vector>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/enabled.hpp"
+#include "cuda/softmax.hpp"
 #include "ops/softmax_stats.hpp"
 
 namespace tapegrad {
@@ -26,7 +28,8 @@ template <class T> struct SoftmaxSaved {
   using C = compute_t<T>;
   Tensor<T> x;
   AxisLayout layout;
-  detail::SoftmaxStats<C> stats;
+  detail::SoftmaxStats<C> stats;  // the cpu path's
+  Tensor<C> line_max, line_sum;   // the GPU path's: the same statistics, on the device
 
   C x_at(std::int64_t e) const { return static_cast<C>(x.flat(e)); }
   // The softmax probability of element e, which lies on line k.
@@ -63,19 +66,47 @@ Tensor<T> line_backward(const SoftmaxSaved<T>& s, const Tensor<T>& dy, Reduce re
   return dx;
 }
 
+cuda::SoftmaxLines lines_of(const AxisLayout& l) { return {l.outer, l.n, l.inner}; }
+
+template <class T> Tensor<T> device_softmax_forward(SoftmaxSaved<T>& s, bool log) {
+  const Device device = s.x.device();
+  s.line_max = Tensor<compute_t<T>>({s.layout.lines()}, device);
+  s.line_sum = Tensor<compute_t<T>>({s.layout.lines()}, device);
+  Tensor<T> y(s.x.shape(), device);
+  cuda::softmax_forward(dtype_v<T>, log, lines_of(s.layout), s.x.data(), y.data(), s.line_max.data(),
+                        s.line_sum.data(), device.index);
+  return y;
+}
+
+template <class T> Tensor<T> device_softmax_backward(const SoftmaxSaved<T>& s, bool log, const Tensor<T>& dy) {
+  Tensor<T> dx(dy.shape(), dy.device());
+  cuda::softmax_backward(dtype_v<T>, log, lines_of(s.layout), s.x.data(), s.line_max.data(), s.line_sum.data(),
+                         dy.data(), dx.data(), dy.device().index);
+  return dx;
+}
+
+// Records the node; forward and backward are the cpu path's, `log` picks the GPU path's kernels.
 template <class T, class Forward, class Backward>
-Var<T> record_softmax(const char* op, const Var<T>& x, int axis, Forward forward, Backward backward) {
+Var<T> record_softmax(const char* op, bool log, const Var<T>& x, int axis, Forward forward, Backward backward) {
   const AxisLayout layout = detail::axis_layout(x.shape(), axis, op);
-  check_cpu_inputs(op, x);  // no GPU path yet
   return custom_op<SoftmaxSaved<T>>(
       op,
       [&](SoftmaxSaved<T>& s, const Tensor<T>& xv) {
         s.x = xv;
         s.layout = layout;
+        if constexpr (cuda::enabled) {
+          if (!xv.device().is_cpu()) return device_softmax_forward(s, log);
+        }
         s.stats = detail::softmax_stats(xv, layout);
         return forward(s);
       },
-      [backward](const SoftmaxSaved<T>& s, const NeedsGrad&, const Tensor<T>& dy) { return backward(s, dy); }, x);
+      [backward, log](const SoftmaxSaved<T>& s, const NeedsGrad&, const Tensor<T>& dy) {
+        if constexpr (cuda::enabled) {
+          if (!dy.device().is_cpu()) return device_softmax_backward(s, log, dy);
+        }
+        return backward(s, dy);
+      },
+      x);
 }
 
 }  // namespace
@@ -83,7 +114,7 @@ Var<T> record_softmax(const char* op, const Var<T>& x, int axis, Forward forward
 template <class T> Var<T> softmax(const Var<T>& x, int axis) {
   using C = compute_t<T>;
   return record_softmax(
-      "softmax", x, axis,
+      "softmax", false, x, axis,
       [](const SoftmaxSaved<T>& s) {
         return map_lines(s, 2, [&](std::int64_t e, std::size_t k) { return s.p_at(e, k); });
       },
@@ -96,7 +127,7 @@ template <class T> Var<T> softmax(const Var<T>& x, int axis) {
 template <class T> Var<T> log_softmax(const Var<T>& x, int axis) {
   using C = compute_t<T>;
   return record_softmax(
-      "log_softmax", x, axis,
+      "log_softmax", true, x, axis,
       [](const SoftmaxSaved<T>& s) {
         const std::vector<C> lse = detail::log_sum_exp(s.stats);
         return map_lines(s, 1, [&](std::int64_t e, std::size_t k) { return s.x_at(e) - lse[k]; });

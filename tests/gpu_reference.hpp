@@ -70,14 +70,12 @@ Run<U> run_op(F&& f, const std::vector<GpuInput>& inputs, const std::vector<Tens
   return run;
 }
 
-// Runs f on the GPU in T and on the CPU in double; checks the output and every input gradient. Returns the GPU run
-// (for further checks, e.g. of dtype or determinism).
+// Runs f on the GPU in T and on the CPU in double, both on the given input values; checks the output and every
+// input gradient. Returns the GPU run (for further checks, e.g. of dtype or determinism).
 template <class T, class F>
-Run<T> check_against_cpu(const std::string& what, F&& f, const std::vector<GpuInput>& inputs, Tolerance tol,
-                         std::uint64_t seed) {
+Run<T> check_values_against_cpu(const std::string& what, F&& f, const std::vector<GpuInput>& inputs,
+                                const std::vector<Tensor<T>>& values, Tolerance tol, std::uint64_t seed) {
   INFO(what, " in ", dtype_name(dtype_v<T>));
-  std::vector<Tensor<T>> values;
-  for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(draw_input<T>(inputs[k], seed + 101 * k));
   const std::uint64_t dy_seed = seed + 7777;
   const Run<double> want = run_op<double, T>(f, inputs, values, nullptr, Device::cpu(), dy_seed);
   const Run<T> got = run_op<T, T>(f, inputs, values, nullptr, gpu, dy_seed);
@@ -91,6 +89,15 @@ Run<T> check_against_cpu(const std::string& what, F&& f, const std::vector<GpuIn
     check_close(got.grads[k], want.grads[k], tol);
   }
   return got;
+}
+
+// The same on inputs drawn as `inputs` says.
+template <class T, class F>
+Run<T> check_against_cpu(const std::string& what, F&& f, const std::vector<GpuInput>& inputs, Tolerance tol,
+                         std::uint64_t seed) {
+  std::vector<Tensor<T>> values;
+  for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(draw_input<T>(inputs[k], seed + 101 * k));
+  return check_values_against_cpu<T>(what, std::forward<F>(f), inputs, values, tol, seed);
 }
 
 }  // namespace tapegrad::test

@@ -4,33 +4,15 @@
 #include <span>
 #include <string>
 
+#include "norm_cases.hpp"
 #include "support.hpp"
 #include "tapegrad.hpp"
 
 using namespace tapegrad;
 using test::Tolerance;
+using namespace test::norm_cases;
 
 namespace {
-
-enum class Kind { layernorm, layernorm_no_beta, rmsnorm };
-constexpr Kind all_kinds[] = {Kind::layernorm, Kind::layernorm_no_beta, Kind::rmsnorm};
-const char* name(Kind k) {
-  return k == Kind::layernorm ? "layernorm" : k == Kind::layernorm_no_beta ? "layernorm without beta" : "rmsnorm";
-}
-
-// The op under test; `beta` is used by Kind::layernorm only.
-template <class T>
-Var<T> apply(Kind kind, const Var<T>& x, const Var<T>& gamma, const Var<T>& beta, const NormOptions& options) {
-  switch (kind) {
-    case Kind::layernorm:
-      return layernorm(x, gamma, beta, options);
-    case Kind::layernorm_no_beta:
-      return layernorm(x, gamma, options);
-    case Kind::rmsnorm:
-      return rmsnorm(x, gamma, options);
-  }
-  return {};
-}
 
 template <class T> struct Inputs { Tensor<T> x, gamma, beta; };
 template <class T> Inputs<T> make_inputs(const Shape& shape, std::uint64_t seed) {

@@ -1,0 +1,241 @@
+// Layer and RMS normalization over the rows of x [rows, hidden] (interface: cuda/norm.hpp; the CPU's formulas:
+// ops/norm_rows.hpp).
+//
+// Forward: a row group per row (cuda/rows.cuh: a warp for rows of up to 1024 elements, the block otherwise),
+// three passes over the row, the second and third served by L1/L2: the mean; the variance as a second pass over
+// x - mean, as on the CPU (accurate for rows with a large mean and a small spread); then y. Saves mean and rstd.
+//
+// Backward: the rows are cut into chunks whose size depends only on the number of rows (chunk_rows); block b of
+// the one backward kernel takes chunk b.
+//   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)).
+//   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy over the
+//   chunk's rows in row order in registers, and writes them to the block's partial row.
+// sum_partials (cuda/partial_sums.hpp) then adds the partial rows in block order. No atomics, nothing shared
+// between blocks: the same inputs give the same bits.
+#include "cuda/norm.hpp"
+
+#include <algorithm>
+
+#include "cuda/partial_sums.hpp"
+#include "cuda/rows.cuh"
+
+namespace tapegrad::cuda {
+
+namespace {
+
+using rows::Sum;
+
+template <class S> struct ForwardParams {
+  using C = compute_of<S>;
+  const S* x;
+  const S* gamma;
+  const S* beta;  // null: no shift
+  S* y;
+  C* mean;  // each of mean, rstd: null when not wanted
+  C* rstd;
+  std::int64_t rows, hidden;
+  C epsilon;
+  bool centered;
+  C gamma_offset;  // 1 for zero-centered gamma, else 0
+};
+
+template <class S, class Config>
+__global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(ForwardParams<S> p) {
+  using C = compute_of<S>;
+  constexpr int V = Config::V;
+  __shared__ C scratch[32];
+  const C count = static_cast<C>(p.hidden);
+  Config::for_each_row(p.rows, [&](std::int64_t r) {
+    const S* x = p.x + r * p.hidden;
+    C mean = 0;
+    if (p.centered) {
+      C sum = 0;
+      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+        C v[V];
+        rows::load(x, q, v);
+        for (int k = 0; k < V; ++k) sum += v[k];
+      });
+      mean = Config::reduce(sum, scratch, Sum{}) / count;
+    }
+    C squares = 0;
+    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      C v[V];
+      rows::load(x, q, v);
+      for (int k = 0; k < V; ++k) squares += (v[k] - mean) * (v[k] - mean);
+    });
+    const C rstd = C(1) / rows::sqrt_of(Config::reduce(squares, scratch, Sum{}) / count + p.epsilon);
+    if (Config::lane() == 0) {
+      if (p.centered && p.mean) p.mean[r] = mean;
+      if (p.rstd) p.rstd[r] = rstd;
+    }
+    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      C v[V], g[V], b[V] = {};
+      rows::load(x, q, v);
+      rows::load(p.gamma, q, g);
+      if (p.beta) rows::load(p.beta, q, b);
+      for (int k = 0; k < V; ++k) v[k] = (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k];
+      rows::store(p.y + r * p.hidden, q, v);
+    });
+  });
+}
+
+template <class S> struct BackwardParams {
+  using C = compute_of<S>;
+  const S* x;
+  const S* gamma;
+  const S* dy;
+  const C* mean;  // layernorm only
+  const C* rstd;
+  S* dx;               // each of dx and the partials: null when not wanted
+  C* dgamma_partials;  // [chunks, hidden]
+  C* dbeta_partials;   // [chunks, hidden]
+  std::int64_t rows, hidden, chunk_rows;
+  bool centered;
+  C gamma_offset;  // 1 for zero-centered gamma, else 0
+};
+
+template <class S, class Config>
+__global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(BackwardParams<S> p) {
+  using C = compute_of<S>;
+  constexpr int V = Config::V;
+  __shared__ C scratch[32];
+  const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
+  const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
+  const C count = static_cast<C>(p.hidden);
+  const auto mean_of = [&](std::int64_t r) { return p.centered ? p.mean[r] : C(0); };
+
+  if (p.dx) {  // phase 1: the row groups of the block take the chunk's rows in turn
+    for (std::int64_t r = first + threadIdx.x / Config::threads; r < last; r += Config::rows_per_block) {
+      const S* x = p.x + r * p.hidden;
+      const S* dy = p.dy + r * p.hidden;
+      const C mean = mean_of(r), rstd = p.rstd[r];
+      // Pack q of the row: x̂ and dx̂ = dy·g.
+      const auto xhat_dxhat = [&](std::int64_t q, C (&xhat)[V], C (&dxhat)[V]) {
+        C g[V];
+        rows::load(x, q, xhat);
+        rows::load(dy, q, dxhat);
+        rows::load(p.gamma, q, g);
+        for (int k = 0; k < V; ++k) {
+          xhat[k] = (xhat[k] - mean) * rstd;
+          dxhat[k] *= g[k] + p.gamma_offset;
+        }
+      };
+      C sum_dxhat = 0, sum_dxhat_xhat = 0;
+      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+        C xhat[V], dxhat[V];
+        xhat_dxhat(q, xhat, dxhat);
+        for (int k = 0; k < V; ++k) {
+          sum_dxhat += dxhat[k];
+          sum_dxhat_xhat += dxhat[k] * xhat[k];
+        }
+      });
+      const C mean_dxhat = p.centered ? Config::reduce(sum_dxhat, scratch, Sum{}) / count : C(0);
+      const C mean_dxhat_xhat = Config::reduce(sum_dxhat_xhat, scratch, Sum{}) / count;
+      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+        C xhat[V], dxhat[V];
+        xhat_dxhat(q, xhat, dxhat);
+        for (int k = 0; k < V; ++k) dxhat[k] = rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat);
+        rows::store(p.dx + r * p.hidden, q, dxhat);
+      });
+    }
+  }
+
+  if (p.dgamma_partials || p.dbeta_partials) {  // phase 2: each thread its columns, over the chunk's rows in order
+    for (std::int64_t q = threadIdx.x; q < p.hidden / V; q += blockDim.x) {
+      C dgamma[V] = {}, dbeta[V] = {};
+      for (std::int64_t r = first; r < last; ++r) {
+        C dyv[V];
+        rows::load(p.dy + r * p.hidden, q, dyv);
+        if (p.dgamma_partials) {
+          C xv[V];
+          rows::load(p.x + r * p.hidden, q, xv);
+          const C mean = mean_of(r), rstd = p.rstd[r];
+          for (int k = 0; k < V; ++k) dgamma[k] += dyv[k] * ((xv[k] - mean) * rstd);
+        }
+        for (int k = 0; k < V; ++k) dbeta[k] += dyv[k];
+      }
+      const std::int64_t at = blockIdx.x * p.hidden + q * V;
+      for (int k = 0; k < V; ++k) {
+        if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[k];
+        if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[k];
+      }
+    }
+  }
+}
+
+// Rows per backward block: at least 8 (a row per warp in warp mode), and at most 1024 blocks, which bounds the
+// partials and the work of sum_partials. A function of the row count only.
+std::int64_t chunk_rows(std::int64_t rows) { return std::max<std::int64_t>(8, (rows + 1023) / 1024); }
+std::int64_t chunks(std::int64_t rows) { return (rows + chunk_rows(rows) - 1) / chunk_rows(rows); }
+
+}  // namespace
+
+void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int device) {
+  if (problem.rows == 0 || problem.hidden == 0) return;
+  Launch launch(device);
+  dispatch_float(problem.dtype, "norm_forward", [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_of<S>;
+    const ForwardParams<S> p{static_cast<const S*>(args.x),
+                             static_cast<const S*>(args.gamma),
+                             static_cast<const S*>(args.beta),
+                             static_cast<S*>(args.y),
+                             static_cast<C*>(args.mean),
+                             static_cast<C*>(args.rstd),
+                             problem.rows,
+                             problem.hidden,
+                             static_cast<C>(args.epsilon),
+                             problem.centered,
+                             problem.zero_centered_gamma ? C(1) : C(0)};
+    const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.beta, args.y});
+    rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+      using Config = decltype(config);
+      norm_forward_kernel<S, Config>
+          <<<rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, launch.stream()>>>(p);
+      TAPEGRAD_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma, bool need_dbeta) {
+  return chunks(problem.rows) * problem.hidden * (std::int64_t{need_dgamma} + std::int64_t{need_dbeta});
+}
+
+void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device) {
+  const bool need_dgamma = args.dgamma != nullptr, need_dbeta = args.dbeta != nullptr;
+  if (problem.hidden == 0 || (!args.dx && !need_dgamma && !need_dbeta)) return;
+  Launch launch(device);
+  dispatch_float(problem.dtype, "norm_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_of<S>;
+    const std::int64_t blocks = chunks(problem.rows);
+    C* partials = static_cast<C*>(args.partials);
+    C* dgamma_partials = need_dgamma ? partials : nullptr;
+    C* dbeta_partials = need_dbeta ? partials + (need_dgamma ? blocks * problem.hidden : 0) : nullptr;
+    if (blocks > 0) {
+      const BackwardParams<S> p{static_cast<const S*>(args.x),
+                                static_cast<const S*>(args.gamma),
+                                static_cast<const S*>(args.dy),
+                                static_cast<const C*>(args.mean),
+                                static_cast<const C*>(args.rstd),
+                                static_cast<S*>(args.dx),
+                                dgamma_partials,
+                                dbeta_partials,
+                                problem.rows,
+                                problem.hidden,
+                                chunk_rows(problem.rows),
+                                problem.centered,
+                                problem.zero_centered_gamma ? C(1) : C(0)};
+      const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.dy, args.dx});
+      rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+        using Config = decltype(config);
+        norm_backward_kernel<S, Config><<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
+        TAPEGRAD_CUDA_CHECK_LAUNCH();
+      });
+    }
+    if (need_dgamma) sum_partials(problem.dtype, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
+    if (need_dbeta) sum_partials(problem.dtype, dbeta_partials, blocks, problem.hidden, args.dbeta, device);
+  });
+}
+
+}  // namespace tapegrad::cuda

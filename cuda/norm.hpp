@@ -1,0 +1,58 @@
+// Layer normalization and RMS normalization over the last axis on the GPU, forward and backward: host launchers
+// in plain C++ (see cuda/enabled.hpp for how ops call them). Used by the norm ops (ops/norm.cpp); written to serve
+// any caller that holds x as [rows, hidden] (the fused layernorm_mlp node too).
+//
+// The maths is the CPU's (ops/norm_rows.hpp), in the compute type C of the dtype (f32 for f32/bf16/f16, f64 for
+// f64): per row mean and rstd in C, y = (x - mean)·rstd·g + beta rounded to the dtype once, g = gamma or 1 + gamma.
+// Every pointer is device memory of `device`, row-major and contiguous; tensors of the dtype unless said otherwise;
+// work is queued on the device's current stream. Results are bitwise the same on every run.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dtype_tag.hpp"
+
+namespace tapegrad::cuda {
+
+// What is normalized, shared by forward and backward.
+struct NormProblem {
+  DType dtype = DType::f32;          // of x, gamma, beta, y, dy, dx, dgamma, dbeta
+  std::int64_t rows = 0, hidden = 0;  // x is [rows, hidden]; gamma and beta are [hidden]
+  bool centered = true;               // layernorm subtracts the row's mean; rmsnorm does not
+  bool zero_centered_gamma = false;   // scale by 1 + gamma
+};
+
+struct NormForwardArgs {
+  const void* x = nullptr;
+  const void* gamma = nullptr;
+  const void* beta = nullptr;  // null: no shift
+  void* y = nullptr;
+  void* mean = nullptr;  // C[rows], written for layernorm unless null (rmsnorm has none)
+  void* rstd = nullptr;  // C[rows], written unless null
+  double epsilon = 1e-6;  // added to the variance (rmsnorm: the mean square), in C
+};
+
+// y = normalized x, and each row's statistics for the backward.
+void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int device);
+
+struct NormBackwardArgs {
+  const void* x = nullptr;
+  const void* gamma = nullptr;
+  const void* dy = nullptr;
+  const void* mean = nullptr;  // C[rows] from norm_forward; layernorm only
+  const void* rstd = nullptr;  // C[rows] from norm_forward
+  void* dx = nullptr;          // each of dx, dgamma [hidden], dbeta [hidden]: written unless null
+  void* dgamma = nullptr;
+  void* dbeta = nullptr;
+  void* partials = nullptr;  // scratch: norm_backward_partials(...) elements of C when dgamma or dbeta is wanted
+};
+
+// The scratch norm_backward needs for the parameter gradients asked for, in elements of C: a partial sum per block
+// of rows and column. Depends on the problem's shape only, so dgamma and dbeta do not depend on the GPU model.
+std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma, bool need_dbeta);
+
+// dx, dgamma and dbeta (only those not null). One kernel writes dx and each block's partial sums of dgamma and
+// dbeta over its rows; a second adds the partials in block order (deterministic: no atomics).
+void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device);
+
+}  // namespace tapegrad::cuda

@@ -1,0 +1,151 @@
+// What the row kernels (norm, softmax, cross_entropy) share: a row is n contiguous elements, handled by a row
+// group of threads that reduce over it together, and read in packs.
+//
+// Row groups: a warp per row when rows are short (n <= warp_row_limit), with several rows per block; the whole
+// block per row otherwise. Their reductions (sum, max) combine each thread's partial in a fixed tree, so a row gives
+// the same bits on every run, and every thread of the group receives the same bits.
+//
+// Packs: 16 bytes at a time (4 f32, 2 f64, 8 bf16/f16) where every row start is 16-byte aligned, i.e. where all
+// pointers are aligned and n is a multiple of the pack; one element at a time otherwise. Thread `lane` of a group
+// handles packs lane, lane + threads, ... of its row.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "cuda/launch.cuh"
+
+namespace tapegrad::cuda::rows {
+
+// ---- math in the compute type C (f32 or f64), IEEE-accurate (no fast-math intrinsics) ----------------------------
+
+template <class C> __device__ __forceinline__ C exp_of(C v) {
+  if constexpr (std::is_same_v<C, float>) return expf(v);
+  else return exp(v);
+}
+template <class C> __device__ __forceinline__ C log_of(C v) {
+  if constexpr (std::is_same_v<C, float>) return logf(v);
+  else return log(v);
+}
+template <class C> __device__ __forceinline__ C sqrt_of(C v) {
+  if constexpr (std::is_same_v<C, float>) return sqrtf(v);
+  else return sqrt(v);
+}
+template <class C> __device__ __forceinline__ C infinity_of() {
+  if constexpr (std::is_same_v<C, float>) return __int_as_float(0x7f800000);
+  else return __longlong_as_double(0x7ff0000000000000LL);
+}
+
+struct Sum {
+  template <class C> __device__ __forceinline__ C operator()(C a, C b) const { return a + b; }
+};
+// fmax: a NaN element is skipped, as the CPU's running std::max(max, x) skips it.
+struct Max {
+  template <class C> __device__ __forceinline__ C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<C, float>) return fmaxf(a, b);
+    else return fmax(a, b);
+  }
+};
+
+// ---- row groups ---------------------------------------------------------------------------------------------------
+
+constexpr unsigned full_warp = 0xffffffffu;
+constexpr std::int64_t warp_row_limit = 1024;  // longer rows get a whole block
+constexpr int block_row_threads = 512;
+
+// The threads of one row: a warp (Threads == 32, `rows_per_block` rows per block) or the whole block.
+template <int Threads> struct RowGroup {
+  static_assert(Threads % 32 == 0 && Threads <= 1024);
+  static constexpr int threads = Threads;
+  static constexpr int rows_per_block = Threads == 32 ? 8 : 1;
+  static constexpr int block_threads = Threads * rows_per_block;
+
+  __device__ static int lane() { return static_cast<int>(threadIdx.x) % Threads; }
+  // This group's first row, and the distance to its next one in a grid-stride loop over rows.
+  __device__ static std::int64_t first_row() {
+    return std::int64_t{blockIdx.x} * rows_per_block + threadIdx.x / Threads;
+  }
+  __device__ static std::int64_t row_stride() { return std::int64_t{gridDim.x} * rows_per_block; }
+
+  // op over every thread's v, the same bits in each thread. In block mode every thread of the block must call it
+  // (it synchronizes), and `scratch` is 32 C of shared memory, which it may reuse on the next call.
+  template <class C, class Op> __device__ static C reduce(C v, C* scratch, Op op) {
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(full_warp, v, offset));
+    if constexpr (Threads > 32) {
+      constexpr int warps = Threads / 32;
+      __syncthreads();  // every thread has read the scratch of the previous call
+      if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+      __syncthreads();
+      v = scratch[0];
+      for (int w = 1; w < warps; ++w) v = op(v, scratch[w]);
+    }
+    return v;
+  }
+};
+
+// ---- packs --------------------------------------------------------------------------------------------------------
+
+template <class S, int V> struct alignas(sizeof(S) * V) Pack {
+  S v[V];
+};
+
+// The V elements of pack p of `row`, in C.
+template <int V, class S, class C> __device__ __forceinline__ void load(const S* row, std::int64_t p, C (&out)[V]) {
+  const Pack<S, V> pack = reinterpret_cast<const Pack<S, V>*>(row)[p];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = to_compute<C>(pack.v[k]);
+}
+// Pack p of `row` = values, each rounded to S.
+template <int V, class S, class C> __device__ __forceinline__ void store(S* row, std::int64_t p, const C (&values)[V]) {
+  Pack<S, V> pack;
+#pragma unroll
+  for (int k = 0; k < V; ++k) pack.v[k] = from_compute<S>(values[k]);
+  reinterpret_cast<Pack<S, V>*>(row)[p] = pack;
+}
+
+// The elements of a 16-byte pack of S.
+template <class S> constexpr int wide_pack = static_cast<int>(16 / sizeof(S));
+
+// Whether rows of n elements at each of `pointers` (null ones ignored) can be read in 16-byte packs.
+template <class S> bool packs_fit(std::int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % wide_pack<S> != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// A row kernel's compile-time shape: the row group, and the pack width V; with the loops of a row kernel.
+template <int V_, int Threads> struct RowConfig : RowGroup<Threads> {
+  static constexpr int V = V_;
+
+  // Calls body(r) for each row of this thread's group: a grid-stride loop over `rows` rows.
+  template <class Body> __device__ static void for_each_row(std::int64_t rows, Body&& body) {
+    for (std::int64_t r = RowConfig::first_row(); r < rows; r += RowConfig::row_stride()) body(r);
+  }
+  // Calls body(q) for each pack q of a row of n elements that this thread handles.
+  template <class Body> __device__ static void for_each_pack(std::int64_t n, Body&& body) {
+    for (std::int64_t q = RowConfig::lane(); q < n / V; q += Threads) body(q);
+  }
+};
+
+// Calls fn(RowConfig<V, Threads>{}) for rows of n elements of S: 16-byte packs when `wide`, a warp or a block per row.
+template <class S, class Fn> void dispatch_rows(std::int64_t n, bool wide, Fn&& fn) {
+  constexpr int W = wide_pack<S>;
+  const bool warp = n <= warp_row_limit;
+  if (wide) {
+    if (warp) fn(RowConfig<W, 32>{});
+    else fn(RowConfig<W, block_row_threads>{});
+  } else {
+    if (warp) fn(RowConfig<1, 32>{});
+    else fn(RowConfig<1, block_row_threads>{});
+  }
+}
+
+// Blocks for a grid-stride loop of row groups over `rows` rows.
+template <class Config> int row_blocks(const Launch& launch, std::int64_t rows) {
+  return launch.blocks_for(rows * Config::threads, Config::block_threads);
+}
+
+}  // namespace tapegrad::cuda::rows

@@ -1,0 +1,144 @@
+// layernorm and rmsnorm on the GPU against the CPU in double (tests/gpu_reference.hpp), forward and every gradient:
+// with and without beta, zero-centered gamma on and off, over hidden sizes that take each kernel path and row
+// counts from none to many; bitwise run-to-run determinism of the gradients; errors on the GPU.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu_reference.hpp"
+#include "norm_cases.hpp"
+
+using namespace tapegrad;
+using test::GpuInput;
+using test::Tolerance;
+using namespace test::norm_cases;
+
+namespace {
+
+// v = {x, gamma, beta}; beta only for Kind::layernorm.
+template <class U> Var<U> apply(Kind kind, const std::vector<Var<U>>& v, const NormOptions& options) {
+  return apply(kind, v[0], v[1], v.size() > 2 ? v[2] : Var<U>(), options);
+}
+
+// x is drawn positive (|N(0,1)| + 0.5): rmsnorm of a one-element row x has dx ∝ epsilon / x³, so a tiny x makes the
+// f32 result arbitrarily ill-conditioned; gamma and beta are N(0,1).
+std::vector<GpuInput> norm_inputs(Kind kind, const Shape& x) {
+  std::vector<GpuInput> in{{x, GpuInput::positive}, {{x.dim(-1)}}};
+  if (kind == Kind::layernorm) in.push_back({{x.dim(-1)}});
+  return in;
+}
+
+// Against the double reference on the same inputs, values of size up to ~20 (x̂ up to ~5 times gamma up to ~4):
+// f64 differs only in summation order; f32 carries the f32 statistics over rows of up to 4099 elements (~1e-6
+// relative) into those values, and dgamma/dbeta sum 1000 rows; bf16 and f16 are the result's rounding (at most an
+// ulp when the f32 value lies near a rounding tie: 2⁻⁷ and 2⁻¹⁰ relative) above the f32 arithmetic.
+template <class T> constexpr Tolerance tolerance{};
+template <> constexpr Tolerance tolerance<double>{1e-9, 1e-9};
+template <> constexpr Tolerance tolerance<float>{5e-5, 5e-5};
+template <> constexpr Tolerance tolerance<bf16>{1e-2, 1e-4};
+template <> constexpr Tolerance tolerance<f16>{2e-3, 1e-4};
+
+// Hidden sizes and the path each takes: a warp per row up to 1024 elements, the block above; 16-byte packs where
+// the size is a multiple of a pack (4 f32, 2 f64, 8 bf16/f16), single elements otherwise.
+constexpr std::int64_t hidden_sizes[] = {
+    1,     // warp, single elements
+    7,     // warp, single elements
+    33,    // warp, single elements, more than one element per lane
+    64,    // warp, packs
+    1000,  // warp, packs, several per lane
+    4096,  // block, packs
+    4099,  // block, single elements
+};
+constexpr std::int64_t row_counts[] = {0, 1, 5, 1000};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("layernorm and rmsnorm on the GPU match the CPU, forward and every gradient",
+                   T, TAPEGRAD_GPU_DTYPES) {
+  std::uint64_t seed = 1;
+  for (Kind kind : all_kinds) {
+    for (bool zero_centered : {false, true}) {
+      for (std::int64_t hidden : hidden_sizes) {
+        for (std::int64_t rows : row_counts) {
+          const Shape shape{rows, hidden};
+          const std::string op = name(kind);
+          CAPTURE(op);
+          CAPTURE(zero_centered);
+          CAPTURE(shape);
+          const NormOptions options{.epsilon = 1e-5, .zero_centered_gamma = zero_centered};
+          const auto run = test::check_against_cpu<T>(
+              op, [&](const auto& v) { return apply(kind, v, options); }, norm_inputs(kind, shape), tolerance<T>,
+              seed++);
+          CHECK(run.y.shape() == shape);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("layernorm on the GPU normalizes the last axis of a rank-3 x, and computes only the gradients asked",
+                   T, float, bf16) {
+  for (Kind kind : all_kinds) {
+    const std::string op = name(kind);
+    CAPTURE(op);
+    std::vector<GpuInput> inputs = norm_inputs(kind, {3, 5, 33});
+    test::check_against_cpu<T>(
+        op, [&](const auto& v) { return apply(kind, v, {}); }, inputs, tolerance<T>, 50);
+    // Each input alone without a gradient: the others' gradients stay right.
+    for (std::size_t frozen = 0; frozen < inputs.size(); ++frozen) {
+      CAPTURE(frozen);
+      std::vector<GpuInput> some = inputs;
+      some[frozen].requires_grad = false;
+      const auto run = test::check_against_cpu<T>(
+          op, [&](const auto& v) { return apply(kind, v, {}); }, some, tolerance<T>, 60);
+      CHECK_FALSE(run.grads[frozen].defined());
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("the GPU norm gradients are bitwise the same on every run", T, float, bf16) {
+  for (Kind kind : all_kinds) {
+    for (std::int64_t hidden : {std::int64_t{1000}, std::int64_t{4099}}) {  // a warp, and a block, per row
+      const std::string op = name(kind);
+      CAPTURE(op);
+      CAPTURE(hidden);
+      const std::vector<GpuInput> inputs = norm_inputs(kind, {1000, hidden});
+      std::vector<Tensor<T>> values;
+      for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(test::draw_input<T>(inputs[k], 70 + k));
+      const auto f = [&](const auto& v) { return apply(kind, v, {}); };
+      const auto first = test::run_op<T, T>(f, inputs, values, nullptr, test::gpu, 80);
+      const auto second = test::run_op<T, T>(f, inputs, values, nullptr, test::gpu, 80);
+      CHECK(test::bitwise_equal(first.y, second.y));
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        CAPTURE(k);
+        CHECK(test::bitwise_equal(first.grads[k], second.grads[k]));
+      }
+    }
+  }
+}
+
+TEST_CASE("layernorm on the GPU keeps the output and gradients on the GPU, in the input's dtype") {
+  auto x = param(randn<bf16>({4, 33}, 90).to(test::gpu));
+  auto gamma = param(randn<bf16>({33}, 91).to(test::gpu));
+  auto beta = param(randn<bf16>({33}, 92).to(test::gpu));
+  const Var<bf16> y = layernorm(x, gamma, beta);
+  CHECK(y.device() == test::gpu);
+  backward(y, ones<bf16>({4, 33}, test::gpu));
+  for (const Var<bf16>* v : {&x, &gamma, &beta}) CHECK(v->grad().device() == test::gpu);
+}
+
+TEST_CASE("norm errors on the GPU name the op, the shapes and the devices") {
+  const auto x = constant(randn<float>({3, 7}, 100).to(test::gpu));
+  CHECK_THROWS_WITH_AS(layernorm(x, constant(randn<float>({5}, 101).to(test::gpu))),
+                       doctest::Contains("layernorm: gamma has shape [5] but x has shape [3, 7]; expected gamma of "
+                                         "shape [7] (x's last axis)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(rmsnorm(x, constant(randn<float>({7}, 102))),
+                       doctest::Contains("rmsnorm: input 0 is on cuda:0 but input 1 is on cpu"), Error);
+  const auto gamma = constant(randn<float>({7}, 103).to(test::gpu));
+  CHECK_THROWS_WITH_AS(layernorm(x, gamma, constant(randn<float>({7}, 104))),
+                       doctest::Contains("layernorm: input 0 is on cuda:0 but input 2 is on cpu"), Error);
+  CHECK_THROWS_WITH_AS(layernorm(x, gamma, {.epsilon = 0.0}),
+                       doctest::Contains("layernorm: epsilon must be positive, got 0"), Error);
+}
