@@ -10,7 +10,7 @@
 //   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)).
 //   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy over the
 //   chunk's rows in row order in registers, and writes them to the block's partial row.
-// sum_partials (cuda/partial_sums.hpp) then adds the partial rows in block order. No atomics, nothing shared
+// sum_partials (cuda/partial_sums.hpp) then adds the partial rows in a fixed order. No atomics, nothing shared
 // between blocks: the same inputs give the same bits.
 #include "cuda/norm.hpp"
 
