@@ -41,10 +41,11 @@ template <class M, class U> M& with_parameters(M& module, const std::vector<Var<
   return module;
 }
 
-// A module's forward and backward in T against the double reference: the module's matmuls and norms sum rows of
-// 33 products of N(0, 1) values (outputs of size ~6) in double for f64 (1e-10: summation order), in f32 for f32
-// (1e-4 relative to outputs of that size), and round every intermediate tensor to bf16 (2⁻⁸) or f16 (2⁻¹¹): a
-// few such roundings in a row, scaled by the output's size for elements near zero (atol).
+// A module's forward and backward in T against the double reference, on N(0, 1) inputs (the MLP's kernels scaled
+// down by powers of two, see below) whose outputs and gradients are of size 1 to 15: f64 differs in summation order;
+// f32 in the f32 accumulation of rows of 33 products; bf16 and f16 round every intermediate tensor (2⁻⁸, 2⁻¹¹). The
+// same modules run on the cpu in T stay within 0.42 (bf16) and 0.12 (f16) of these tolerances: a margin of 2 to 8
+// for the GPU's other summation orders.
 template <class T> constexpr Tolerance tolerance{};
 template <> constexpr Tolerance tolerance<double>{1e-10, 1e-10};
 template <> constexpr Tolerance tolerance<float>{1e-4, 1e-4};
@@ -193,7 +194,12 @@ TEST_CASE_TEMPLATE("LayerNormMLP forward and backward on the GPU match the cpu i
         [&](const auto& v) {
           using U = dtype_of_var<decltype(v[0])>;
           nn::LayerNormMLP<U> module(H, config, 0, v[0].device());
-          return with_parameters(module, v, paths)(v[0]);
+          // N(0, 1) kernels scaled by about 1/sqrt(fan_in), exactly (powers of two), keep the activations of order 1
+          // (unscaled, swiglu's products reach 700, where bf16's rounding of a sum near zero is all there is).
+          std::vector<Var<U>> scaled = v;
+          scaled[3] = eval(v[3] * 0.125);
+          scaled[5] = eval(v[5] * 0.25);
+          return with_parameters(module, scaled, paths)(v[0]);
         },
         {{{7, H}}, {{H}}, {{H}}, {{H, n, F}}, {{n, F}}, {{F, H}}, {{H}}}, tolerance<T>, 3);
   }

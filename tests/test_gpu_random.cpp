@@ -38,6 +38,25 @@ std::int64_t float_index(float x) {
   return bits < 0 ? std::int64_t{std::numeric_limits<std::int32_t>::min()} - bits : bits;
 }
 
+// Checks that f32 draws `got` are within `bound` ulps of `want` and reports how many are 0, 1, ... ulps apart.
+void ulp_histogram(const std::string& what, const Tensor<float>& got, const Tensor<float>& want, int bound) {
+  std::vector<std::int64_t> histogram(static_cast<std::size_t>(bound) + 2, 0);  // the last bin: beyond the bound
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    const std::int64_t ulps = std::abs(float_index(got.flat(i)) - float_index(want.flat(i)));
+    ++histogram[static_cast<std::size_t>(std::min<std::int64_t>(ulps, bound + 1))];
+  }
+  std::string counts;
+  for (const std::int64_t count : histogram) counts.append(" ").append(std::to_string(count));
+  MESSAGE(what, ": elements 0, 1, ... ulps from the cpu's (the last count: beyond the bound):", counts);
+  CHECK(histogram.back() == 0);
+}
+
+template <class T> std::int64_t differing(const Tensor<T>& a, const Tensor<T>& b) {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) n += !(a.flat(i) == b.flat(i));
+  return n;
+}
+
 // Runs check(a, b, n, seed) for each parameter pair (a range, or a mean and a standard deviation), size and seed.
 template <class P, class Check> void sweep(std::initializer_list<std::pair<P, P>> parameters, const Check& check) {
   for (const std::pair<P, P>& p : parameters) {
@@ -104,20 +123,18 @@ TEST_CASE_TEMPLATE("rand_int on the GPU is bitwise the cpu's", T, std::int32_t, 
                       });
 }
 
-TEST_CASE("a GPU's standard normal draws are within randn_ulp_bound f32 ulps of the cpu's") {
-  std::vector<std::int64_t> histogram(randn_ulp_bound + 2, 0);  // the last bin: beyond the bound
-  for (const std::uint64_t seed : seeds) {
-    const Tensor<float> got = randn<float>({1000003}, seed, 0.0, 1.0, gpu).to(host);
-    const Tensor<float> want = randn<float>({1000003}, seed);
-    for (std::int64_t i = 0; i < want.numel(); ++i) {
-      const std::int64_t ulps = std::abs(float_index(got.flat(i)) - float_index(want.flat(i)));
-      ++histogram[static_cast<std::size_t>(std::min<std::int64_t>(ulps, randn_ulp_bound + 1))];
-    }
-  }
-  std::string counts;
-  for (const std::int64_t count : histogram) counts.append(" ").append(std::to_string(count));
-  MESSAGE("elements 0, 1, ... ulps from the cpu's (the last count: beyond the bound):", counts);
-  CHECK(histogram.back() == 0);
+TEST_CASE("a GPU's standard normal draws are within their ulp bounds of the cpu's") {
+  // Initializer::truncated_normal(1) with mean 0 is the truncated standard draw itself (fma(1, z, 0) = z).
+  const Tensor<float> normal = randn<float>({1000003}, 7, 0.0, 1.0, gpu).to(host);
+  ulp_histogram("randn", normal, randn<float>({1000003}, 7), randn_ulp_bound);
+  const Initializer truncated = Initializer::truncated_normal(1.0);
+  ulp_histogram("truncated normal", truncated.make<float>({1000003}, 7, {}, gpu).to(host),
+                truncated.make<float>({1000003}, 7), truncated_normal_ulp_bound);
+  // Rounded to bf16 and f16, only draws that straddle a rounding boundary of T differ (checked by the tests below).
+  MESSAGE("randn elements that differ from the cpu's in bf16: ",
+          differing(randn<bf16>({1000003}, 7, 0.0, 1.0, gpu).to(host), randn<bf16>({1000003}, 7)),
+          ", in f16: ", differing(randn<f16>({1000003}, 7, 0.0, 1.0, gpu).to(host), randn<f16>({1000003}, 7)),
+          " of 1000003");
 }
 
 TEST_CASE_TEMPLATE("randn on the GPU equals the cpu's within the documented bound", T, float, double, bf16, f16) {
@@ -139,22 +156,24 @@ TEST_CASE("random tensors on the GPU are the same every run") {
 TEST_CASE_TEMPLATE("every initializer on the GPU equals the cpu's: constants and uniforms bitwise, normals within "
                    "their bound",
                    T, float, double, bf16, f16) {
-  // [rows, 1] has fan_in = rows and fan_out = 1, so that variance scaling is defined for every size; [5, 0] is
-  // empty with fans 5 and 0.
-  std::vector<Shape> shapes{{5, 0}};
+  // [rows, 1] has fan_in = rows and fan_out = 1; the empty [0, 5, 3] counts axis 0 as a batch axis, so that its fans
+  // are 5 and 3 and every variance scaling is defined.
+  std::vector<std::pair<Shape, FanAxes>> shapes{{{0, 5, 3}, {.in = {1}, .out = {2}, .batch = {0}}}};
   for (const std::int64_t n : sizes) {
-    if (n > 0) shapes.push_back({n, 1});
+    if (n > 0) shapes.push_back({{n, 1}, {}});
   }
   for (const InitializerCase& c : initializer_cases()) {
-    for (const Shape& shape : shapes) {
+    for (const std::pair<Shape, FanAxes>& entry : shapes) {
+      const Shape& shape = entry.first;
+      const FanAxes& axes = entry.second;
       for (const std::uint64_t seed : seeds) {
         CAPTURE(c.init.name());
         CAPTURE(shape);
         CAPTURE(seed);
-        const Tensor<T> on_gpu = c.init.make<T>(shape, seed, {}, gpu);
+        const Tensor<T> on_gpu = c.init.make<T>(shape, seed, axes, gpu);
         CHECK(on_gpu.device() == gpu);
         CHECK(on_gpu.shape() == shape);
-        const Tensor<T> want = c.init.make<T>(shape, seed);
+        const Tensor<T> want = c.init.make<T>(shape, seed, axes);
         if (c.ulp_bound == 0) {
           CHECK(bitwise_equal(on_gpu.to(host), want));
         } else {
