@@ -255,7 +255,7 @@ void mse_loss_backward(DType dtype, std::int64_t n, const void* pred, const void
 void cross_entropy_forward(const CrossEntropyProblem& problem, const void* logits, const CrossEntropyTargets& targets,
                            void* lse, void* row_loss, void* loss, std::int64_t* first_bad_label, int device) {
   Launch launch(device);
-  if (targets.labels) {  // all bits set: -1, and the largest value for the unsigned atomicMin
+  if (first_bad_label) {  // all bits set: -1, and the largest value for the unsigned atomicMin (also with no rows)
     TAPEGRAD_CUDA_CHECK(cudaMemsetAsync(first_bad_label, 0xff, sizeof(std::int64_t), launch.stream()));
   }
   dispatch_float(problem.dtype, "cross_entropy", [&](auto tag) {

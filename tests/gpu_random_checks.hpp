@@ -29,6 +29,7 @@ template <class U> double ulp(double x) {
 // elements straddle a rounding boundary of T, which the f32 values reach rarely: at most 1 in 1000 may differ.
 template <class T> void check_normal_draws(const Tensor<T>& got, const Tensor<T>& want, double mean, int bound) {
   REQUIRE(got.shape() == want.shape());
+  if (want.numel() == 0) return;
   std::int64_t differing = 0, worst_at = 0;
   double worst = 0.0;
   for (std::int64_t i = 0; i < want.numel(); ++i) {

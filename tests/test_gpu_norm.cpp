@@ -67,9 +67,12 @@ TEST_CASE_TEMPLATE("layernorm and rmsnorm on the GPU match the CPU, forward and 
           CAPTURE(zero_centered);
           CAPTURE(shape);
           const NormOptions options{.epsilon = 1e-5, .zero_centered_gamma = zero_centered};
+          // A row of one element is x - mean = 0 exactly: dx is 0 in exact arithmetic, but the f32 rounding of its
+          // terms (~1e-7) comes out multiplied by rstd = 1/sqrt(epsilon) ≈ 316.
+          Tolerance tol = tolerance<T>;
+          if (hidden == 1) tol.atol = std::max(tol.atol, 1e-3);
           const auto run = test::check_against_cpu<T>(
-              op, [&](const auto& v) { return apply(kind, v, options); }, norm_inputs(kind, shape), tolerance<T>,
-              seed++);
+              op, [&](const auto& v) { return apply(kind, v, options); }, norm_inputs(kind, shape), tol, seed++);
           CHECK(run.y.shape() == shape);
         }
       }

@@ -36,7 +36,8 @@ template <class U> Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k
         " and k ", ks);
   const double scale = 1.0 / std::sqrt(static_cast<double>(qs.dim(-1)));
   const Var<U> scores = matmul(q, transpose(k));  // [..., Sq, Sk]
-  const Var<U> logits = causal ? Var<U>(scores * scale + constant(causal_mask<U>(Sq, Sk))) : Var<U>(scores * scale);
+  const Var<U> logits =
+      causal ? Var<U>(scores * scale + constant(causal_mask<U>(Sq, Sk).to(q.device()))) : Var<U>(scores * scale);
   return matmul(softmax(logits, -1), v);
 }
 
