@@ -12,7 +12,9 @@ namespace bench {
 
 // Times each of `runs` (each queues work on device `device`'s current stream) between two events.
 std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, int device = 0);
-inline Timing measure_gpu(const std::function<void()>& run, int device = 0) { return measure_gpu({run}, device)[0]; }
+inline Timing measure_gpu(const std::function<void()>& run, int device = 0) {
+  return measure_gpu(std::vector<std::function<void()>>{run}, device)[0];
+}
 
 // Whether a GPU is visible; if not, writes one JSON line saying that `group` was skipped.
 bool gpu_available(const char* group);

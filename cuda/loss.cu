@@ -32,10 +32,9 @@ template <class S>
 __global__ void __launch_bounds__(mean_threads)
     mean_kernel(const compute_of<S>* values, std::int64_t count, compute_of<S> divisor, S* loss) {
   using C = compute_of<S>;
-  __shared__ C scratch[32];
   C sum = 0;
   for (std::int64_t i = threadIdx.x; i < count; i += mean_threads) sum += values[i];
-  sum = rows::RowGroup<mean_threads>::reduce(sum, scratch, Sum{});
+  sum = rows::RowGroup<mean_threads>::reduce(sum, Sum{});
   if (threadIdx.x == 0) *loss = from_compute<S>(sum / divisor);
 }
 
@@ -57,7 +56,6 @@ template <class S>
 __global__ void __launch_bounds__(mse_threads) mse_partials_kernel(const S* pred, const S* target, std::int64_t n,
                                                                    std::int64_t chunk, compute_of<S>* partials) {
   using C = compute_of<S>;
-  __shared__ C scratch[32];
   const std::int64_t begin = std::int64_t{blockIdx.x} * chunk;
   const std::int64_t end = begin + chunk < n ? begin + chunk : n;
   C sum = 0;
@@ -65,7 +63,7 @@ __global__ void __launch_bounds__(mse_threads) mse_partials_kernel(const S* pred
     const C d = to_compute<C>(pred[i]) - to_compute<C>(target[i]);
     sum += d * d;
   }
-  sum = rows::RowGroup<mse_threads>::reduce(sum, scratch, Sum{});
+  sum = rows::RowGroup<mse_threads>::reduce(sum, Sum{});
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
@@ -111,25 +109,35 @@ template <class S> struct Probs {
 
 template <class S> struct CrossEntropyParams {
   using C = compute_of<S>;
-  const S* logits;
-  std::int64_t rows, classes;
-  C* lse;
-  C* row_loss;                   // forward only
-  unsigned long long* first_bad;  // forward with labels only
-  const S* dloss;                // backward only
-  S* dlogits;                    // backward: each null when not wanted
-  S* dtargets;
+  const S* logits = nullptr;
+  std::int64_t rows = 0, classes = 0;
+  C* lse = nullptr;                         // written by the forward, read by the backward
+  C* row_loss = nullptr;                    // forward only
+  unsigned long long* first_bad = nullptr;  // forward with labels only
+  const S* dloss = nullptr;                 // backward only
+  S* dlogits = nullptr;                     // backward: each null when not wanted
+  S* dtargets = nullptr;
 };
+
+// The params that forward and backward share.
+template <class S>
+CrossEntropyParams<S> cross_entropy_params(const CrossEntropyProblem& problem, const void* logits, const void* lse) {
+  CrossEntropyParams<S> p;
+  p.logits = static_cast<const S*>(logits);
+  p.rows = problem.rows;
+  p.classes = problem.classes;
+  p.lse = static_cast<compute_of<S>*>(const_cast<void*>(lse));  // the backward's is const: it only reads it
+  return p;
+}
 
 template <class S, class Config, class Targets>
 __global__ void __launch_bounds__(Config::block_threads)
     cross_entropy_forward_kernel(CrossEntropyParams<S> p, Targets targets) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   Config::for_each_row(p.rows, [&](std::int64_t r) {
     const S* x = p.logits + r * p.classes;
-    const auto stats = rows::softmax_stats<Config>(x, p.classes, scratch);
+    const auto stats = rows::softmax_stats<Config>(x, p.classes);
     const C lse = stats.max + rows::log_of(stats.sum);
     C loss = 0;
     Config::for_each_pack(p.classes, [&](std::int64_t q) {
@@ -141,7 +149,7 @@ __global__ void __launch_bounds__(Config::block_threads)
         if (qv[k] != C(0)) loss += qv[k] * (lse - xv[k]);
       }
     });
-    loss = Config::reduce(loss, scratch, Sum{});
+    loss = Config::reduce(loss, Sum{});
     if (Config::lane() == 0) {
       p.lse[r] = lse;
       p.row_loss[r] = loss;
@@ -155,7 +163,6 @@ __global__ void __launch_bounds__(Config::block_threads)
     cross_entropy_backward_kernel(CrossEntropyParams<S> p, Targets targets) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   const C scale = to_compute<C>(*p.dloss) / static_cast<C>(p.rows);
   Config::for_each_row(p.rows, [&](std::int64_t r) {
     const C lse = p.lse[r];
@@ -166,7 +173,7 @@ __global__ void __launch_bounds__(Config::block_threads)
         targets.load(r, q, qv);
         for (int k = 0; k < V; ++k) mass += qv[k];
       });
-      mass = Config::reduce(mass, scratch, Sum{});
+      mass = Config::reduce(mass, Sum{});
     }
     Config::for_each_pack(p.classes, [&](std::int64_t q) {
       C xv[V], qv[V], out[V];
@@ -254,15 +261,9 @@ void cross_entropy_forward(const CrossEntropyProblem& problem, const void* logit
   dispatch_float(problem.dtype, "cross_entropy", [&](auto tag) {
     using S = decltype(tag);
     using C = compute_of<S>;
-    const CrossEntropyParams<S> p{static_cast<const S*>(logits),
-                                  problem.rows,
-                                  problem.classes,
-                                  static_cast<C*>(lse),
-                                  static_cast<C*>(row_loss),
-                                  reinterpret_cast<unsigned long long*>(first_bad_label),
-                                  nullptr,
-                                  nullptr,
-                                  nullptr};
+    CrossEntropyParams<S> p = cross_entropy_params<S>(problem, logits, lse);
+    p.row_loss = static_cast<C*>(row_loss);
+    p.first_bad = reinterpret_cast<unsigned long long*>(first_bad_label);
     launch_cross_entropy<false>(launch, p, targets);
     launch_mean<S>(launch, p.row_loss, problem.rows, static_cast<C>(problem.rows), static_cast<S*>(loss));
   });
@@ -274,17 +275,10 @@ void cross_entropy_backward(const CrossEntropyProblem& problem, const void* logi
   Launch launch(device);
   dispatch_float(problem.dtype, "cross_entropy", [&](auto tag) {
     using S = decltype(tag);
-    using C = compute_of<S>;
-    // The backward only reads lse: the params hold it writable for the forward's sake.
-    const CrossEntropyParams<S> p{static_cast<const S*>(logits),
-                                  problem.rows,
-                                  problem.classes,
-                                  static_cast<C*>(const_cast<void*>(lse)),
-                                  nullptr,
-                                  nullptr,
-                                  static_cast<const S*>(dloss),
-                                  static_cast<S*>(dlogits),
-                                  static_cast<S*>(dtargets)};
+    CrossEntropyParams<S> p = cross_entropy_params<S>(problem, logits, lse);
+    p.dloss = static_cast<const S*>(dloss);
+    p.dlogits = static_cast<S*>(dlogits);
+    p.dtargets = static_cast<S*>(dtargets);
     launch_cross_entropy<true>(launch, p, targets);
   });
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "tensor/dtype_tag.hpp"
+#include "tensor/host_device.hpp"
 
 namespace tapegrad::cuda {
 
@@ -17,7 +18,7 @@ struct MlpActivation {
   MlpGate gate = MlpGate::none;
   double alpha = 1.0;  // swish, clamped_swish: the sigmoid's slope
   double limit = 0.0;  // clamped_swish and clamped_linear: the clamp
-  int width() const { return gate == MlpGate::none ? 1 : 2; }
+  TAPEGRAD_HOST_DEVICE int width() const { return gate == MlpGate::none ? 1 : 2; }
 };
 
 // z [rows, width·F] → a [rows, F].

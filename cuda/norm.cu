@@ -10,7 +10,7 @@
 //   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)).
 //   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy over the
 //   chunk's rows in row order in registers, and writes them to the block's partial row.
-// sum_partials (cuda/partial_sums.hpp) then adds the partial rows in block order. No atomics, nothing shared
+// sum_partials (cuda/partial_sums.hpp) then adds the partial rows in a fixed order. No atomics, nothing shared
 // between blocks: the same inputs give the same bits.
 #include "cuda/norm.hpp"
 
@@ -43,7 +43,6 @@ template <class S, class Config>
 __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(ForwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   const C count = static_cast<C>(p.hidden);
   Config::for_each_row(p.rows, [&](std::int64_t r) {
     const S* x = p.x + r * p.hidden;
@@ -55,7 +54,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
         rows::load(x, q, v);
         for (int k = 0; k < V; ++k) sum += v[k];
       });
-      mean = Config::reduce(sum, scratch, Sum{}) / count;
+      mean = Config::reduce(sum, Sum{}) / count;
     }
     C squares = 0;
     Config::for_each_pack(p.hidden, [&](std::int64_t q) {
@@ -63,7 +62,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
       rows::load(x, q, v);
       for (int k = 0; k < V; ++k) squares += (v[k] - mean) * (v[k] - mean);
     });
-    const C rstd = C(1) / rows::sqrt_of(Config::reduce(squares, scratch, Sum{}) / count + p.epsilon);
+    const C rstd = C(1) / rows::sqrt_of(Config::reduce(squares, Sum{}) / count + p.epsilon);
     if (Config::lane() == 0) {
       if (p.centered && p.mean) p.mean[r] = mean;
       if (p.rstd) p.rstd[r] = rstd;
@@ -98,7 +97,6 @@ template <class S, class Config>
 __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
   const C count = static_cast<C>(p.hidden);
@@ -129,8 +127,8 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
           sum_dxhat_xhat += dxhat[k] * xhat[k];
         }
       });
-      const C mean_dxhat = p.centered ? Config::reduce(sum_dxhat, scratch, Sum{}) / count : C(0);
-      const C mean_dxhat_xhat = Config::reduce(sum_dxhat_xhat, scratch, Sum{}) / count;
+      const C mean_dxhat = p.centered ? Config::reduce(sum_dxhat, Sum{}) / count : C(0);
+      const C mean_dxhat_xhat = Config::reduce(sum_dxhat_xhat, Sum{}) / count;
       Config::for_each_pack(p.hidden, [&](std::int64_t q) {
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);

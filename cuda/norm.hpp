@@ -52,7 +52,7 @@ struct NormBackwardArgs {
 std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma, bool need_dbeta);
 
 // dx, dgamma and dbeta (only those not null). One kernel writes dx and each block's partial sums of dgamma and
-// dbeta over its rows; a second adds the partials in block order (deterministic: no atomics).
+// dbeta over its rows; a second adds the partials in a fixed order (deterministic: no atomics).
 void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device);
 
 }  // namespace tapegrad::cuda

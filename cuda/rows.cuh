@@ -68,17 +68,18 @@ template <int Threads> struct RowGroup {
   }
   __device__ static std::int64_t row_stride() { return std::int64_t{gridDim.x} * rows_per_block; }
 
-  // op over every thread's v, the same bits in each thread. In block mode every thread of the block must call it
-  // (it synchronizes), and `scratch` is 32 C of shared memory, which it may reuse on the next call.
-  template <class C, class Op> __device__ static C reduce(C v, C* scratch, Op op) {
+  // op over every thread's v, the same bits in each thread. In block mode every thread of the block must call it:
+  // it synchronizes the block.
+  template <class C, class Op> __device__ static C reduce(C v, Op op) {
     for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(full_warp, v, offset));
     if constexpr (Threads > 32) {
       constexpr int warps = Threads / 32;
-      __syncthreads();  // every thread has read the scratch of the previous call
-      if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+      __shared__ C warp_results[warps];
+      __syncthreads();  // every thread has read the results of the previous call
+      if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = v;
       __syncthreads();
-      v = scratch[0];
-      for (int w = 1; w < warps; ++w) v = op(v, scratch[w]);
+      v = warp_results[0];
+      for (int w = 1; w < warps; ++w) v = op(v, warp_results[w]);
     }
     return v;
   }

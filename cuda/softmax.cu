@@ -46,10 +46,9 @@ template <class S, class Config>
 __global__ void __launch_bounds__(Config::block_threads) rows_forward_kernel(Params<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   const std::int64_t n = p.lines.n;
   Config::for_each_row(p.lines.outer, [&](std::int64_t r) {
-    const auto stats = rows::softmax_stats<Config>(p.x + r * n, n, scratch);
+    const auto stats = rows::softmax_stats<Config>(p.x + r * n, n);
     const Line<C> line(p.log, stats.max, stats.sum);
     if (Config::lane() == 0) {
       p.line_max[r] = stats.max;
@@ -68,7 +67,6 @@ template <class S, class Config>
 __global__ void __launch_bounds__(Config::block_threads) rows_backward_kernel(Params<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
-  __shared__ C scratch[32];
   const std::int64_t n = p.lines.n;
   Config::for_each_row(p.lines.outer, [&](std::int64_t r) {
     const Line<C> line(p.log, p.line_max[r], p.line_sum[r]);
@@ -79,7 +77,7 @@ __global__ void __launch_bounds__(Config::block_threads) rows_backward_kernel(Pa
       rows::load(p.dy + r * n, q, dy);
       for (int k = 0; k < V; ++k) total += line.term(dy[k], x[k]);
     });
-    total = Config::reduce(total, scratch, Sum{});
+    total = Config::reduce(total, Sum{});
     Config::for_each_pack(n, [&](std::int64_t q) {
       C x[V], dy[V];
       rows::load(p.x + r * n, q, x);
@@ -104,15 +102,15 @@ template <class S> __global__ void strided_forward_kernel(Params<S> p) {
   using C = compute_of<S>;
   const std::int64_t n = p.lines.n, inner = p.lines.inner;
   for_each_strided_line(p.lines, [&](std::int64_t line, std::int64_t first) {
-    const S* x = p.x + first;
+    const auto x = [&](std::int64_t k) { return to_compute<C>(p.x[first + k * inner]); };
     C max = -rows::infinity_of<C>();
-    for (std::int64_t k = 0; k < n; ++k) max = Max{}(max, to_compute<C>(x[k * inner]));
+    for (std::int64_t k = 0; k < n; ++k) max = Max{}(max, x(k));
     C sum = 0;
-    for (std::int64_t k = 0; k < n; ++k) sum += rows::exp_of(to_compute<C>(x[k * inner]) - max);
+    for (std::int64_t k = 0; k < n; ++k) sum += rows::exp_of(x(k) - max);
     p.line_max[line] = max;
     p.line_sum[line] = sum;
     const Line<C> l(p.log, max, sum);
-    for (std::int64_t k = 0; k < n; ++k) p.out[first + k * inner] = from_compute<S>(l.y(to_compute<C>(x[k * inner])));
+    for (std::int64_t k = 0; k < n; ++k) p.out[first + k * inner] = from_compute<S>(l.y(x(k)));
   });
 }
 

@@ -12,8 +12,8 @@ template <class C> struct SoftmaxStats {
 };
 
 // The statistics of row x of n elements, the same bits in every thread of the row group (Config: a RowConfig).
-template <class Config, class S, class C>
-__device__ SoftmaxStats<C> softmax_stats(const S* x, std::int64_t n, C* scratch) {
+template <class Config, class S> __device__ SoftmaxStats<compute_of<S>> softmax_stats(const S* x, std::int64_t n) {
+  using C = compute_of<S>;
   constexpr int V = Config::V;
   C max = -infinity_of<C>();
   Config::for_each_pack(n, [&](std::int64_t q) {
@@ -21,14 +21,14 @@ __device__ SoftmaxStats<C> softmax_stats(const S* x, std::int64_t n, C* scratch)
     load(x, q, v);
     for (int k = 0; k < V; ++k) max = Max{}(max, v[k]);
   });
-  max = Config::reduce(max, scratch, Max{});
+  max = Config::reduce(max, Max{});
   C sum = 0;
   Config::for_each_pack(n, [&](std::int64_t q) {
     C v[V];
     load(x, q, v);
     for (int k = 0; k < V; ++k) sum += exp_of(v[k] - max);
   });
-  return {max, Config::reduce(sum, scratch, Sum{})};
+  return {max, Config::reduce(sum, Sum{})};
 }
 
 }  // namespace tapegrad::cuda::rows

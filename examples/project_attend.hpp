@@ -12,10 +12,11 @@ namespace tapegrad::examples {
 // x [B, S, H] -> [B, S, H]. P: the parameters' dtype; C: the compute dtype (void: the input's).
 template <class P, class C = void> class ProjectAttend : public nn::Module {
  public:
-  ProjectAttend(std::int64_t hidden, const nn::MultiHeadAttentionConfig& attention, std::uint64_t seed)
-      : Module("ProjectAttend"),
-        proj_(hidden, {.dense = {.features = hidden}}, nn::derive_seed(seed, "proj")),
-        attn_(hidden, attention, nn::derive_seed(seed, "attn")) {
+  ProjectAttend(std::int64_t hidden, const nn::MultiHeadAttentionConfig& attention, std::uint64_t seed,
+                Device device = Device::cpu())
+      : Module("ProjectAttend", device),
+        proj_(hidden, {.dense = {.features = hidden}}, nn::derive_seed(seed, "proj"), device),
+        attn_(hidden, attention, nn::derive_seed(seed, "attn"), device) {
     add_child("proj", proj_);
     add_child("attn", attn_);
   }

@@ -190,8 +190,14 @@ std::tuple<Tensor<T>, Tensor<T>> device_mse_grads(const MseSaved<T>& s, const Te
   return {dpred, dtarget};
 }
 
-cuda::CrossEntropyTargets device_targets(const Tensor<std::int64_t>& labels) { return {.labels = labels.data()}; }
-template <class T> cuda::CrossEntropyTargets device_targets(const Tensor<T>& probs) { return {.probs = probs.data()}; }
+// The kernels' view of the targets: class indices, or soft targets.
+template <class Q> cuda::CrossEntropyTargets device_targets(const Tensor<Q>& targets) {
+  if constexpr (std::is_same_v<Q, std::int64_t>) {
+    return {.labels = targets.data()};
+  } else {
+    return {.probs = targets.data()};
+  }
+}
 
 template <class T, class Targets>
 Tensor<T> device_cross_entropy_forward(CrossEntropySaved<T, Targets>& s, const Tensor<T>& logits,

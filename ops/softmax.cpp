@@ -31,6 +31,8 @@ template <class T> struct SoftmaxSaved {
   detail::SoftmaxStats<C> stats;  // the cpu path's
   Tensor<C> line_max, line_sum;   // the GPU path's: the same statistics, on the device
 
+  cuda::SoftmaxLines device_lines() const { return {layout.outer, layout.n, layout.inner}; }
+
   C x_at(std::int64_t e) const { return static_cast<C>(x.flat(e)); }
   // The softmax probability of element e, which lies on line k.
   C p_at(std::int64_t e, std::size_t k) const { return std::exp(x_at(e) - stats.max[k]) / stats.sum[k]; }
@@ -66,21 +68,19 @@ Tensor<T> line_backward(const SoftmaxSaved<T>& s, const Tensor<T>& dy, Reduce re
   return dx;
 }
 
-cuda::SoftmaxLines lines_of(const AxisLayout& l) { return {l.outer, l.n, l.inner}; }
-
 template <class T> Tensor<T> device_softmax_forward(SoftmaxSaved<T>& s, bool log) {
   const Device device = s.x.device();
   s.line_max = Tensor<compute_t<T>>({s.layout.lines()}, device);
   s.line_sum = Tensor<compute_t<T>>({s.layout.lines()}, device);
   Tensor<T> y(s.x.shape(), device);
-  cuda::softmax_forward(dtype_v<T>, log, lines_of(s.layout), s.x.data(), y.data(), s.line_max.data(),
+  cuda::softmax_forward(dtype_v<T>, log, s.device_lines(), s.x.data(), y.data(), s.line_max.data(),
                         s.line_sum.data(), device.index);
   return y;
 }
 
 template <class T> Tensor<T> device_softmax_backward(const SoftmaxSaved<T>& s, bool log, const Tensor<T>& dy) {
   Tensor<T> dx(dy.shape(), dy.device());
-  cuda::softmax_backward(dtype_v<T>, log, lines_of(s.layout), s.x.data(), s.line_max.data(), s.line_sum.data(),
+  cuda::softmax_backward(dtype_v<T>, log, s.device_lines(), s.x.data(), s.line_max.data(), s.line_sum.data(),
                          dy.data(), dx.data(), dy.device().index);
   return dx;
 }

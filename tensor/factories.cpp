@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <type_traits>
 
 #include "cuda/enabled.hpp"
 #include "cuda/fill.hpp"
 #include "tensor/generate.hpp"
-#include "tensor/philox.hpp"
 
 namespace tapegrad {
 
@@ -40,9 +40,10 @@ template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Sha
   return t;
 }
 
-template <class T> Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean, double stddev) {
-  const float m = static_cast<float>(mean), s = static_cast<float>(stddev);
-  return detail::generate<T>(shape, [=](std::uint64_t i) { return convert<T>(m + s * philox::normal(seed, i)); });
+template <class T>
+Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean, double stddev, Device device) {
+  return detail::draw_tensor<T>(shape, philox::NormalDraw{seed, static_cast<float>(mean), static_cast<float>(stddev)},
+                                device);
 }
 
 namespace {
@@ -64,23 +65,24 @@ template <class T> T largest_below(double high) {
 }
 }  // namespace
 
-template <class T> Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low, double high) {
+template <class T>
+Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low, double high, Device device) {
   check(low <= high, "rand_uniform", "low ", low, " is greater than high ", high);
-  const float lo = static_cast<float>(low), width = static_cast<float>(high - low);
-  // Rounding lo + width·u (u < 1) to f32, then to T, can land on `high`; such values step back below it.
-  const T top = largest_below<T>(high);
-  const bool half_open = low < high;
-  return detail::generate<T>(shape, [=](std::uint64_t i) {
-    const T v = convert<T>(lo + width * philox::uniform(seed, i));
-    return half_open && !(convert<double>(v) < high) ? top : v;
-  });
+  // Rounding low + width·u (u < 1) to f32, then to T, can land on `high`; such values step back below it. An empty
+  // range [low, low] keeps its one value.
+  const philox::UniformDraw draw{.seed = seed,
+                                 .low = static_cast<float>(low),
+                                 .width = static_cast<float>(high - low),
+                                 .high = low < high ? high : INFINITY,
+                                 .top = convert<double>(largest_below<T>(high))};
+  return detail::draw_tensor<T>(shape, draw, device);
 }
 
-template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high) {
+template <class T>
+Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high, Device device) {
   check(low < high, "rand_int", "empty range [", low, ", ", high, ")");
   check(high - low <= (std::int64_t{1} << 32), "rand_int", "range [", low, ", ", high, ") is wider than 2^32");
-  return detail::generate<T>(shape,
-                             [=](std::uint64_t i) { return static_cast<T>(philox::integer(seed, i, low, high)); });
+  return detail::draw_tensor<T>(shape, philox::IntegerDraw{seed, low, high}, device);
 }
 
 #define TAPEGRAD_INSTANTIATE_FACTORIES(T)                                                \
@@ -90,14 +92,16 @@ template <class T> Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, st
   template Tensor<T> arange<T>(std::int64_t);                                            \
   template Tensor<T> from_vector<T>(const std::vector<T>&, const Shape&);
 #define TAPEGRAD_INSTANTIATE_RANDOM(T)                                                   \
-  template Tensor<T> randn<T>(const Shape&, std::uint64_t, double, double);              \
-  template Tensor<T> rand_uniform<T>(const Shape&, std::uint64_t, double, double);
+  template Tensor<T> randn<T>(const Shape&, std::uint64_t, double, double, Device);      \
+  template Tensor<T> rand_uniform<T>(const Shape&, std::uint64_t, double, double, Device);
 
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_FACTORIES)
 TAPEGRAD_INSTANTIATE_FACTORIES(std::int32_t)
 TAPEGRAD_INSTANTIATE_FACTORIES(std::int64_t)
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_RANDOM)
-template Tensor<std::int32_t> rand_int<std::int32_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t);
-template Tensor<std::int64_t> rand_int<std::int64_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t);
+template Tensor<std::int32_t> rand_int<std::int32_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t,
+                                                     Device);
+template Tensor<std::int64_t> rand_int<std::int64_t>(const Shape&, std::uint64_t, std::int64_t, std::int64_t,
+                                                     Device);
 
 }  // namespace tapegrad

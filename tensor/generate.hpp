@@ -1,19 +1,39 @@
-// Internal to the random factories and initializers: fills a tensor element by element from a counter-based draw.
+// Internal to the random factories and initializers: a tensor whose element i is a draw of tensor/random_draws.hpp
+// rounded to T, on any device.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/enabled.hpp"
+#include "cuda/random.hpp"
 #include "tensor/eigen.hpp"
+#include "tensor/random_draws.hpp"
 
 namespace tapegrad::detail {
 
-// Fills t[i] = draw(i) in parallel; `draw` depends on i alone, so the result does not depend on the chunking.
-template <class T, class Draw> Tensor<T> generate(const Shape& shape, Draw draw) {
-  Tensor<T> t(shape);
-  T* out = t.data();
-  parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) out[i] = draw(static_cast<std::uint64_t>(i));
-  });
+// Element i on the cpu: draw(i) rounded to T to nearest even (a uniform draw then steps below its `high`).
+template <class T, class Draw> T rounded_draw(const Draw& draw, std::uint64_t i) {
+  const T value = convert<T>(draw(i));
+  if constexpr (std::is_same_v<Draw, philox::UniformDraw>) {
+    return philox::step_below(value, convert<double>(value), draw.high, convert<T>(draw.top));
+  } else {
+    return value;
+  }
+}
+
+// A tensor of `shape` on `device` with element i = rounded_draw<T>(draw, i): filled in parallel on the cpu (element i
+// depends on i alone, so the chunking cannot matter), by the same formula in cuda::random_fill on a GPU.
+template <class T, class Draw> Tensor<T> draw_tensor(const Shape& shape, const Draw& draw, Device device) {
+  Tensor<T> t(shape, device);  // throws for a device this build or machine does not have
+  if (device.is_cpu()) {
+    T* out = t.data();
+    parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) out[i] = rounded_draw<T>(draw, static_cast<std::uint64_t>(i));
+    });
+  } else if constexpr (cuda::enabled) {
+    cuda::random_fill(dtype_v<T>, t.data(), t.numel(), draw, device.index);
+  }
   return t;
 }
 

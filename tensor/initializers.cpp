@@ -5,7 +5,6 @@
 
 #include "tensor/factories.hpp"
 #include "tensor/generate.hpp"
-#include "tensor/truncated_normal.hpp"
 
 namespace tapegrad {
 
@@ -157,30 +156,30 @@ Initializer Initializer::resolve(const Shape& shape, const FanAxes& axes) const 
   return uniform(-limit, limit);
 }
 
-template <class T> Tensor<T> Initializer::make(const Shape& shape, std::uint64_t seed, const FanAxes& axes) const {
+template <class T>
+Tensor<T> Initializer::make(const Shape& shape, std::uint64_t seed, const FanAxes& axes, Device device) const {
   const auto mean = static_cast<float>(mean_), stddev = static_cast<float>(stddev_);
   switch (kind_) {
-    case Kind::constant: return full<T>(shape, mean_);
-    case Kind::normal: return randn<T>(shape, seed, mean_, stddev_);
+    case Kind::constant: return full<T>(shape, mean_, device);
+    case Kind::normal: return randn<T>(shape, seed, mean_, stddev_, device);
     case Kind::truncated_normal: {
       const philox::TruncatedBounds bounds =
           philox::truncated_bounds(static_cast<float>(lower_), static_cast<float>(upper_));
-      return detail::generate<T>(shape, [=](std::uint64_t i) {
-        return convert<T>(mean + stddev * philox::truncated_normal(seed, i, bounds));
-      });
+      return detail::draw_tensor<T>(shape, philox::TruncatedNormalDraw{seed, mean, stddev, bounds}, device);
     }
     case Kind::uniform: {
-      const auto low = static_cast<float>(lower_), width = static_cast<float>(upper_ - lower_);
-      return detail::generate<T>(shape,
-                                 [=](std::uint64_t i) { return convert<T>(low + width * philox::uniform(seed, i)); });
+      // Unlike rand_uniform, no step below `high` (the draw's default): each value is the f32 draw rounded.
+      const philox::UniformDraw draw{
+          .seed = seed, .low = static_cast<float>(lower_), .width = static_cast<float>(upper_ - lower_)};
+      return detail::draw_tensor<T>(shape, draw, device);
     }
     case Kind::variance_scaling: break;
   }
-  return resolve(shape, axes).make<T>(shape, seed);
+  return resolve(shape, axes).make<T>(shape, seed, {}, device);
 }
 
 #define TAPEGRAD_INSTANTIATE_INITIALIZER(T) \
-  template Tensor<T> Initializer::make<T>(const Shape&, std::uint64_t, const FanAxes&) const;
+  template Tensor<T> Initializer::make<T>(const Shape&, std::uint64_t, const FanAxes&, Device) const;
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_INITIALIZER)
 
 }  // namespace tapegrad

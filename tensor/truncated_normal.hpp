@@ -1,6 +1,7 @@
 // A truncated standard normal by inversion: element i maps the Philox uniform u(seed, i) through the inverse CDF
 // restricted to [lower, upper], so it depends on (seed, i) alone and costs one draw (no rejection loop). Computed in
-// f32 with plain C++ usable from host and device code, like philox.hpp.
+// f32 with plain C++ usable from host and device code, like philox.hpp; multiply-adds are explicit fmas, so that
+// no compiler's contraction choice changes a bit (only the device's logf may differ from the host's).
 #pragma once
 
 #include <cmath>
@@ -18,25 +19,25 @@ TAPEGRAD_HOST_DEVICE inline float erfinv(float x) {
   if (w < 5.0f) {
     w -= 2.5f;
     p = 2.81022636e-08f;
-    p = 3.43273939e-07f + p * w;
-    p = -3.5233877e-06f + p * w;
-    p = -4.39150654e-06f + p * w;
-    p = 0.00021858087f + p * w;
-    p = -0.00125372503f + p * w;
-    p = -0.00417768164f + p * w;
-    p = 0.246640727f + p * w;
-    p = 1.50140941f + p * w;
+    p = std::fma(p, w, 3.43273939e-07f);
+    p = std::fma(p, w, -3.5233877e-06f);
+    p = std::fma(p, w, -4.39150654e-06f);
+    p = std::fma(p, w, 0.00021858087f);
+    p = std::fma(p, w, -0.00125372503f);
+    p = std::fma(p, w, -0.00417768164f);
+    p = std::fma(p, w, 0.246640727f);
+    p = std::fma(p, w, 1.50140941f);
   } else {
     w = std::sqrt(w) - 3.0f;
     p = -0.000200214257f;
-    p = 0.000100950558f + p * w;
-    p = 0.00134934322f + p * w;
-    p = -0.00367342844f + p * w;
-    p = 0.00573950773f + p * w;
-    p = -0.0076224613f + p * w;
-    p = 0.00943887047f + p * w;
-    p = 1.00167406f + p * w;
-    p = 2.83297682f + p * w;
+    p = std::fma(p, w, 0.000100950558f);
+    p = std::fma(p, w, 0.00134934322f);
+    p = std::fma(p, w, -0.00367342844f);
+    p = std::fma(p, w, 0.00573950773f);
+    p = std::fma(p, w, -0.0076224613f);
+    p = std::fma(p, w, 0.00943887047f);
+    p = std::fma(p, w, 1.00167406f);
+    p = std::fma(p, w, 2.83297682f);
   }
   return p * x;
 }
@@ -54,7 +55,7 @@ inline TruncatedBounds truncated_bounds(float lower, float upper) {
 
 TAPEGRAD_HOST_DEVICE inline float truncated_normal(std::uint64_t seed, std::uint64_t i, const TruncatedBounds& b) {
   constexpr float sqrt2 = 1.41421356237309504880f, below_one = 1.0f - 0x1p-24f;
-  float e = b.erf_lower + (b.erf_upper - b.erf_lower) * uniform(seed, i);
+  float e = std::fma(b.erf_upper - b.erf_lower, uniform(seed, i), b.erf_lower);
   // erf of a far bound rounds to ±1 in f32, where erfinv is infinite: keep e inside (-1, 1).
   e = std::fmin(std::fmax(e, -below_one), below_one);
   // Rounding in the inversion may step just past a bound; clamp so the range always holds.

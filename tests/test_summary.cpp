@@ -105,6 +105,11 @@ TEST_CASE("format_size groups thousands and shows bytes in decimal units") {
   CHECK(nn::format_size(2000000000, 4000000000) == "2,000,000,000 (4.0 GB)");
 }
 
+TEST_CASE("a tensor's description shows its device after dtype and shape unless it is on the cpu") {
+  CHECK(nn::to_string({DType::bf16, {8, 16}, Device::cpu()}) == "bf16[8,16]");
+  CHECK(nn::to_string({DType::f32, {3}, Device::cuda(1)}) == "f32[3]@cuda:1");
+}
+
 TEST_CASE("a module called twice has two rows, and a root that does not trace itself still has one") {
   const Twice model;
   const nn::ModelSummary s = nn::summarize(model, randn<float>({3, 4}, 1));

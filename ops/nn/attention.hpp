@@ -44,12 +44,14 @@ template <class P, class C = void>
   requires ModuleDtypes<P, C>
 class MultiHeadAttention : public Module {
  public:
-  MultiHeadAttention(std::int64_t hidden, MultiHeadAttentionConfig config, std::uint64_t seed)
-      : Module("MultiHeadAttention"),
+  MultiHeadAttention(std::int64_t hidden, MultiHeadAttentionConfig config, std::uint64_t seed,
+                     Device device = Device::cpu())
+      : Module("MultiHeadAttention", device),
         hidden_(hidden),
         config_(detail::resolve_attention(hidden, std::move(config))),
-        qkv_(hidden, detail::qkv_config(config_), derive_seed(seed, "qkv")),
-        out_(config_.num_heads * config_.head_dim, detail::out_config(hidden, config_), derive_seed(seed, "out")) {
+        qkv_(hidden, detail::qkv_config(config_), derive_seed(seed, "qkv"), device),
+        out_(config_.num_heads * config_.head_dim, detail::out_config(hidden, config_), derive_seed(seed, "out"),
+             device) {
     add_child("qkv", qkv_);
     add_child("out", out_);
   }

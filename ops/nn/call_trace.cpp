@@ -13,7 +13,8 @@ std::string to_string(const TensorInfo& info) {
     if (axis > 0) s += ',';
     s += std::to_string(info.shape[axis]);
   }
-  return s + ']';
+  s += ']';
+  return info.device.is_cpu() ? s : s + '@' + info.device.str();
 }
 
 ObserverScope::ObserverScope(CallObserver& observer) : previous_(observer_in_thread) {

@@ -18,15 +18,16 @@ class Module;
 struct TensorInfo {
   DType dtype;
   Shape shape;
+  Device device{};
 };
 using TensorInfos = std::vector<TensorInfo>;
-// "bf16[8,16,128]"
+// "bf16[8,16,128]" on the cpu, "bf16[8,16,128]@cuda:0" elsewhere
 std::string to_string(const TensorInfo& info);
 
 // describe(value, infos) appends what a module's input or output holds: a Var (nothing when undefined), or a pair
 // or tuple of them. A module returning its own struct adds an overload next to it (found by ADL).
 template <class T> void describe(const Var<T>& v, TensorInfos& infos) {
-  if (v.defined()) infos.push_back({v.dtype(), v.shape()});
+  if (v.defined()) infos.push_back({v.dtype(), v.shape(), v.device()});
 }
 template <class A, class B> void describe(const std::pair<A, B>& p, TensorInfos& infos) {
   describe(p.first, infos);

@@ -46,8 +46,8 @@ template <class P, class C = void>
   requires ModuleDtypes<P, C>
 class Dense : public Module {
  public:
-  Dense(std::int64_t in_features, const DenseConfig& config, std::uint64_t seed)
-      : Module("Dense"), dense_(*this, in_features, config, seed) {}
+  Dense(std::int64_t in_features, const DenseConfig& config, std::uint64_t seed, Device device = Device::cpu())
+      : Module("Dense", device), dense_(*this, in_features, config, seed) {}
 
   // x [..., in] in any dtype -> [..., features] in the compute dtype.
   template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {

@@ -64,8 +64,8 @@ template <class P, class C = void>
   requires ModuleDtypes<P, C>
 class LayerNorm : public Module {
  public:
-  LayerNorm(std::int64_t hidden, LayerNormConfig config, std::uint64_t seed)
-      : Module("LayerNorm"), config_(std::move(config)), norm_(*this, hidden, config_, seed) {}
+  LayerNorm(std::int64_t hidden, LayerNormConfig config, std::uint64_t seed, Device device = Device::cpu())
+      : Module("LayerNorm", device), config_(std::move(config)), norm_(*this, hidden, config_, seed) {}
 
   // x [..., H] in any dtype -> [..., H] in the compute dtype.
   template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {

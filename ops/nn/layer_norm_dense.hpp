@@ -24,8 +24,9 @@ template <class P, class C = void>
   requires ModuleDtypes<P, C>
 class LayerNormDense : public Module {
  public:
-  LayerNormDense(std::int64_t in_features, LayerNormDenseConfig config, std::uint64_t seed)
-      : Module("LayerNormDense"),
+  LayerNormDense(std::int64_t in_features, LayerNormDenseConfig config, std::uint64_t seed,
+                 Device device = Device::cpu())
+      : Module("LayerNormDense", device),
         config_(std::move(config)),
         norm_(*this, in_features, config_.norm, seed),
         dense_(*this, in_features, config_.dense, seed) {}

@@ -28,8 +28,8 @@ template <class P, class C = void>
   requires ModuleDtypes<P, C>
 class LayerNormMLP : public Module {
  public:
-  LayerNormMLP(std::int64_t hidden, LayerNormMLPConfig config, std::uint64_t seed)
-      : Module("LayerNormMLP"), config_(std::move(config)), norm_(*this, hidden, config_.norm, seed) {
+  LayerNormMLP(std::int64_t hidden, LayerNormMLPConfig config, std::uint64_t seed, Device device = Device::cpu())
+      : Module("LayerNormMLP", device), config_(std::move(config)), norm_(*this, hidden, config_.norm, seed) {
     const std::int64_t n = activation_width(config_.activation), F = config_.intermediate_dim;
     check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
     // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.

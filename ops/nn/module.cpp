@@ -6,6 +6,13 @@ namespace tapegrad::nn {
 
 namespace {
 
+// Moves the variable's value and gradient to `device` in place (a no-op for those already there).
+template <class T> void move_to(const Var<T>& var, Device device) {
+  VarImpl<T>& slot = *var.slot();
+  slot.value = slot.value.to(device);
+  if (slot.grad.defined()) slot.grad = slot.grad.to(device);
+}
+
 // SplitMix64's finalizer: consecutive inputs give unrelated outputs.
 std::uint64_t mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -21,7 +28,7 @@ std::uint64_t derive_seed(std::uint64_t seed, std::string_view name) {
   return mix(mix(seed + 0x9e3779b97f4a7c15ULL) ^ hash);
 }
 
-Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+Module::Module(std::string type_name, Device device) : type_name_(std::move(type_name)), device_(device) {}
 
 ParameterList Module::own_parameters() const {
   ParameterList list;
@@ -67,6 +74,13 @@ void Module::set_parameter(std::string_view path, const AnyVar& value) {
         }
       },
       own->slot, value);
+}
+
+Module& Module::to(Device device) {
+  for (const OwnParameter& p : parameters_) std::visit([&](const auto* var) { move_to(*var, device); }, p.slot);
+  for (const Child& child : children_) child.module->to(device);
+  device_ = device;
+  return *this;
 }
 
 void Module::add_child(std::string name, Module& child) {

@@ -4,10 +4,15 @@
 // Parameters and children are registered BY ADDRESS (a subclass registers its own members), so a Module is
 // neither copyable nor movable: a copy would still point at the original's members.
 //
+// Devices: a module makes its parameters on the device it was constructed with (every module here takes a trailing
+// `Device device = Device::cpu()` and hands it to its children), the same values on every device for one seed
+// (tensor/initializers.hpp says how exactly). `to(device)` moves an existing module's parameters instead.
+//
 //   template <class P, class C = void> class Block : public nn::Module {
 //    public:
-//     Block(std::int64_t hidden, std::uint64_t seed)
-//         : Module("Block"), proj_(hidden, {.dense = {.features = hidden}}, nn::derive_seed(seed, "proj")) {
+//     Block(std::int64_t hidden, std::uint64_t seed, Device device = Device::cpu())
+//         : Module("Block", device),
+//           proj_(hidden, {.dense = {.features = hidden}}, nn::derive_seed(seed, "proj"), device) {
 //       add_child("proj", proj_);
 //     }
 //     template <class T> auto operator()(const Var<T>& x) const {
@@ -42,7 +47,8 @@ class Module {
     Module* module;
   };
 
-  explicit Module(std::string type_name);
+  // `device`: where init_parameter makes this module's parameters.
+  explicit Module(std::string type_name, Device device = Device::cpu());
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -54,6 +60,14 @@ class Module {
   // Own parameters, then each child's (depth first, in registration order), with dotted paths.
   ParameterList parameters() const;
   const std::vector<Child>& children() const { return children_; }
+  // Where init_parameter makes parameters: the construction's device, or the last to()'s.
+  Device device() const { return device_; }
+
+  // Moves every parameter of this module and its children to `device` in place: each parameter stays the same
+  // variable (the module, an optimizer or a user holding it sees the moved value) and its gradient moves with it.
+  // Build optimizers after moving (their state stays where it was made), and do not move between a forward pass
+  // and its backward (the pass saved the old tensors).
+  Module& to(Device device);
 
   // Points parameter `path` (dotted, as parameters() names it) at `value`, which must have the parameter's dtype
   // and shape; the module then computes with `value`. (How a test differentiates a module with respect to Vars it
@@ -66,11 +80,11 @@ class Module {
     check_new_name(name, parameter.defined());
     parameters_.push_back({std::move(name), &parameter});
   }
-  // Makes `parameter` directly in P from `init` (drawn from derive_seed(seed, name)) and registers it.
+  // Makes `parameter` directly in P on device() from `init` (drawn from derive_seed(seed, name)) and registers it.
   template <class P>
   void init_parameter(std::string name, Var<P>& parameter, const Initializer& init, const Shape& shape,
                       std::uint64_t seed, const FanAxes& axes = {}) {
-    parameter = param(init.make<P>(shape, derive_seed(seed, name), axes));
+    parameter = param(init.make<P>(shape, derive_seed(seed, name), axes, device_));
     add_parameter(std::move(name), parameter);
   }
   // Registers `child`, a member of the subclass, as child `name`.
@@ -93,6 +107,7 @@ class Module {
   void check_new_name(const std::string& name, bool defined) const;
 
   std::string type_name_;
+  Device device_;
   std::vector<OwnParameter> parameters_;
   std::vector<Child> children_;
 };

@@ -23,6 +23,9 @@ struct NamedParameter {
   const Shape& shape() const {
     return std::visit([](const auto& v) -> const Shape& { return v.shape(); }, var);
   }
+  Device device() const {
+    return std::visit([](const auto& v) { return v.device(); }, var);
+  }
   std::int64_t numel() const { return shape().numel(); }
   std::int64_t bytes() const { return numel() * static_cast<std::int64_t>(dtype_size(dtype())); }
 };

@@ -49,7 +49,7 @@ Cell describe_all(const TensorInfos& infos) {
 Cell describe_parameters(const ParameterList& parameters) {
   Cell cell;
   for (const NamedParameter& p : parameters) {
-    cell.push_back(p.path + ": " + to_string(TensorInfo{p.dtype(), p.shape()}));
+    cell.push_back(p.path + ": " + to_string(TensorInfo{p.dtype(), p.shape(), p.device()}));
   }
   return cell;
 }

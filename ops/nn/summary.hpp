@@ -1,7 +1,8 @@
 // summary(model, input): a table of a model run, like flax's Module.tabulate. It runs model(input) without
 // recording gradients and lists each module call in call order: the module's path (the root shows its type), its
 // type, the dtype and shape of its inputs and outputs, its own parameters, and the parameter count and bytes of the
-// module with its children; then the model's total.
+// module with its children; then the model's total. A tensor on a GPU shows its device after its dtype and shape
+// ("bf16[8,16,128]@cuda:0"); cpu tensors show none.
 //
 //   std::cout << nn::summary(model, randn<bf16>({8, 16, 128}, 0));
 //

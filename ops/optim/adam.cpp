@@ -7,31 +7,6 @@ namespace tapegrad::optim {
 
 namespace {
 
-template <class S>
-void adam_update(const AdamOptions& options, bool decoupled, const Chunk<S>& chunk, std::int64_t t) {
-  // The bias corrections and the decay factor in f64, then rounded to S, as PyTorch computes them in Python floats.
-  const double steps = static_cast<double>(t);
-  const S beta1 = static_cast<S>(options.beta1), beta2 = static_cast<S>(options.beta2),
-          eps = static_cast<S>(options.eps), weight_decay = static_cast<S>(options.weight_decay),
-          decay = static_cast<S>(1 - options.lr * options.weight_decay),
-          step_size = static_cast<S>(options.lr / (1 - std::pow(options.beta1, steps))),
-          bias_correction2_sqrt = static_cast<S>(std::sqrt(1 - std::pow(options.beta2, steps)));
-  for (std::int64_t i = 0; i < chunk.size; ++i) {
-    S& p = chunk.param[i];
-    S& m = chunk.state[0][i];
-    S& v = chunk.state[1][i];
-    S g = chunk.grad[i];
-    if (decoupled) {
-      p *= decay;
-    } else {
-      g += weight_decay * p;
-    }
-    m = beta1 * m + (1 - beta1) * g;
-    v = beta2 * v + (1 - beta2) * g * g;
-    p -= step_size * m / (std::sqrt(v) / bias_correction2_sqrt + eps);
-  }
-}
-
 template <double D> AdamOptions plain(const AdamHyperparameters<D>& o) {
   return {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
 }
@@ -50,8 +25,24 @@ Adam::Adam(std::string name, nn::ParameterList parameters, AdamOptions options, 
   require(options.weight_decay >= 0, "weight_decay", ">= 0", options.weight_decay);
 }
 
-void Adam::update(const Chunk<float>& chunk, std::int64_t t) const { adam_update(options_, decoupled_, chunk, t); }
-void Adam::update(const Chunk<double>& chunk, std::int64_t t) const { adam_update(options_, decoupled_, chunk, t); }
+template <class S> AdamRule<S> Adam::rule(std::int64_t t) const {
+  // The bias corrections and the decay factor in f64, then rounded to S, as PyTorch computes them in Python floats.
+  const double steps = static_cast<double>(t);
+  return {.beta1 = static_cast<S>(options_.beta1),
+          .beta2 = static_cast<S>(options_.beta2),
+          .eps = static_cast<S>(options_.eps),
+          .weight_decay = static_cast<S>(options_.weight_decay),
+          .decay = static_cast<S>(1 - options_.lr * options_.weight_decay),
+          .step_size = static_cast<S>(options_.lr / (1 - std::pow(options_.beta1, steps))),
+          .bias_correction2_sqrt = static_cast<S>(std::sqrt(1 - std::pow(options_.beta2, steps))),
+          .decoupled = decoupled_};
+}
+
+void Adam::update(const Chunk<float>& chunk, std::int64_t t) const { apply(rule<float>(t), chunk); }
+void Adam::update(const Chunk<double>& chunk, std::int64_t t) const { apply(rule<double>(t), chunk); }
+void Adam::update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const {
+  apply_on_device(buffers, rule<float>(t), rule<double>(t));
+}
 
 AdamW::AdamW(nn::ParameterList parameters, AdamWOptions options)
     : Adam("AdamW", std::move(parameters), plain(options), true) {}

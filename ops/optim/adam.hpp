@@ -6,7 +6,7 @@
 //   m = β₁·m + (1 - β₁)·g,   v = β₂·v + (1 - β₂)·g²
 //   p = p - (lr / (1 - β₁ᵗ)) · m / (sqrt(v) / sqrt(1 - β₂ᵗ) + eps)
 //
-// State precision and skipped parameters: ops/optim/optimizer.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: ops/optim/update_rules.hpp.
 #pragma once
 
 #include "ops/optim/optimizer.hpp"
@@ -38,8 +38,11 @@ class Adam : public Optimizer {
   Adam(std::string name, nn::ParameterList parameters, AdamOptions options, bool decoupled_weight_decay);
 
  private:
+  // The rule of a parameter's update number t, in state precision S.
+  template <class S> AdamRule<S> rule(std::int64_t t) const;
   void update(const Chunk<float>& chunk, std::int64_t t) const override;
   void update(const Chunk<double>& chunk, std::int64_t t) const override;
+  void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const override;
 
   AdamOptions options_;
   bool decoupled_;

@@ -17,14 +17,6 @@ const void* identity(const nn::AnyVar& var) {
   return std::visit([](const auto& v) -> const void* { return v.slot().get(); }, var);
 }
 
-template <class T> void check_parameter(std::string_view optimizer, const std::string& path, const Var<T>& var) {
-  check(var.device().is_cpu(), optimizer, "parameter '", path, "' is on ", var.device(),
-        ", but this optimizer runs on the cpu only so far");
-  const Tensor<T>& grad = var.grad();
-  check(!grad.defined() || grad.shape() == var.shape(), optimizer, "parameter '", path, "' has a gradient of shape ",
-        grad.shape().str(), " but its value has shape ", var.shape().str());
-}
-
 // Elements converted to state precision at a time, on the stack.
 constexpr std::int64_t block_size = 256;
 
@@ -52,8 +44,8 @@ void Optimizer::require(bool ok, std::string_view what, std::string_view rule, d
 
 void Optimizer::step() {
   // Every parameter is checked before any changes, so that a bad one leaves them all as they were.
-  for (const nn::NamedParameter& p : parameters_) {
-    std::visit([&](const auto& var) { check_parameter(name_, p.path, var); }, p.var);
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    std::visit([&](const auto& var) { check_parameter(parameters_[i].path, var, states_[i]); }, parameters_[i].var);
   }
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     std::visit([&](const auto& var) { update_parameter(var, states_[i]); }, parameters_[i].var);
@@ -65,15 +57,35 @@ void Optimizer::zero_grad() {
 }
 
 template <class T>
+void Optimizer::check_parameter(const std::string& path, const Var<T>& var, const ParameterState& state) const {
+  const Tensor<T>& grad = var.grad();
+  if (!grad.defined()) return;
+  check(grad.shape() == var.shape(), name_, "parameter '", path, "' has a gradient of shape ", grad.shape().str(),
+        " but its value has shape ", var.shape().str());
+  check(grad.device() == var.device(), name_, "parameter '", path, "' is on ", var.device(),
+        " but its gradient is on ", grad.device());
+  const std::optional<Device> state_device = state.device();
+  check(!state_device || *state_device == var.device(), name_, "parameter '", path, "' is on ", var.device(),
+        " but its optimizer state is on ", state_device.value_or(var.device()),
+        ": move parameters to their device before the optimizer's first step");
+}
+
+template <class T>
 void Optimizer::update_parameter(const Var<T>& var, ParameterState& state) {
   using S = state_t<T>;
   const Tensor<T>& grad = var.grad();
   if (!grad.defined()) return;
   std::vector<Tensor<S>>& buffers = state.buffers<S>();
-  while (static_cast<int>(buffers.size()) < state_buffers_) buffers.push_back(zeros<S>(var.shape()));
+  while (static_cast<int>(buffers.size()) < state_buffers_) buffers.push_back(zeros<S>(var.shape(), var.device()));
   const std::int64_t t = ++state.updates;
 
   Tensor<T> value = var.value();  // a handle on the parameter's storage: written in place
+  if (!var.device().is_cpu()) {
+    cuda::ParameterBuffers device_buffers{dtype_v<T>, value.data(), grad.data(), {}, var.numel(), var.device().index};
+    for (int k = 0; k < state_buffers_; ++k) device_buffers.state[k] = buffers[k].data();
+    update_on_device(device_buffers, t);
+    return;
+  }
   parallel_for(var.numel(), 20, [&](std::int64_t begin, std::int64_t end) {
     std::array<S, block_size> p, g;
     for (std::int64_t start = begin; start < end; start += block_size) {

@@ -6,23 +6,30 @@
 // in its own dtype, rounded once to nearest even, in place: the module holding the same Var sees the new values.
 // A parameter that has no gradient (none arrived since zero_grad) is skipped and its state left as it is, as in
 // PyTorch; each parameter counts its own updates (Adam's bias correction uses that count).
+//
+// Parameters may live on any device, each with its gradient on the same device; the state is created on the
+// parameter's device. On a GPU each parameter's update is one fused kernel that applies the same per-element rule
+// as the CPU loop (ops/optim/update_rules.hpp), so both give bitwise the same parameters and state. Move a module's
+// parameters to their device before the optimizer's first step: state made on one device is not moved to another.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "cuda/enabled.hpp"
+#include "cuda/optim.hpp"
 #include "ops/nn/parameter.hpp"
+#include "ops/optim/update_rules.hpp"
 
 namespace tapegrad::optim {
 
 // The precision of a T parameter's optimizer state and of its update's arithmetic.
 template <class T> using state_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-inline constexpr int max_state_buffers = 2;
 
 // A stretch of `size` elements of one parameter in state precision: a rule updates `param` and `state` from `grad`.
 template <class S> struct Chunk {
@@ -54,10 +61,28 @@ class Optimizer {
   // Throws "<name>: <what> must be <rule>, got <value>" unless `ok`.
   void require(bool ok, std::string_view what, std::string_view rule, double value) const;
 
+  // Applies an update rule (ops/optim/update_rules.hpp) to every element of a cpu chunk.
+  template <class Rule, class S> static void apply(const Rule& rule, const Chunk<S>& chunk) {
+    for (std::int64_t i = 0; i < chunk.size; ++i) rule(chunk.param[i], chunk.grad[i], chunk.state.data(), i);
+  }
+  // Runs the rule of the parameter's state precision (f64 for f64 parameters, else f32) on its GPU.
+  template <class RuleF32, class RuleF64>
+  static void apply_on_device(const cuda::ParameterBuffers& buffers, const RuleF32& f32, const RuleF64& f64) {
+    if constexpr (cuda::enabled) {
+      if (buffers.dtype == DType::f64) {
+        cuda::optimizer_step(buffers, f64);
+      } else {
+        cuda::optimizer_step(buffers, f32);
+      }
+    }
+  }
+
  private:
-  // Updates one chunk; `t` counts this parameter's updates, this one included (1 on its first).
+  // Updates one chunk on the cpu; `t` counts this parameter's updates, this one included (1 on its first).
   virtual void update(const Chunk<float>& chunk, std::int64_t t) const = 0;
   virtual void update(const Chunk<double>& chunk, std::int64_t t) const = 0;
+  // Updates a whole parameter on its GPU, with the same rule.
+  virtual void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const = 0;
 
   struct ParameterState {
     std::int64_t updates = 0;
@@ -70,7 +95,16 @@ class Optimizer {
         return f32;
       }
     }
+    // Where the state was made; none before the first update (or for a rule without state).
+    std::optional<Device> device() const {
+      if (!f32.empty()) return f32.front().device();
+      if (!f64.empty()) return f64.front().device();
+      return std::nullopt;
+    }
   };
+  // Throws naming the parameter when its gradient's shape or device, or its state's device, is not its own.
+  template <class T>
+  void check_parameter(const std::string& path, const Var<T>& var, const ParameterState& state) const;
   template <class T> void update_parameter(const Var<T>& var, ParameterState& state);
 
   std::string name_;

@@ -4,25 +4,6 @@
 
 namespace tapegrad::optim {
 
-namespace {
-
-template <class S> void sgd_update(const SGDOptions& options, const Chunk<S>& chunk, std::int64_t t) {
-  const S lr = static_cast<S>(options.lr), momentum = static_cast<S>(options.momentum),
-          damped = static_cast<S>(1 - options.dampening), weight_decay = static_cast<S>(options.weight_decay);
-  for (std::int64_t i = 0; i < chunk.size; ++i) {
-    S& p = chunk.param[i];
-    S g = chunk.grad[i] + weight_decay * p;
-    if (options.momentum != 0) {
-      S& b = chunk.state[0][i];
-      b = t == 1 ? g : momentum * b + damped * g;
-      g = options.nesterov ? g + momentum * b : b;
-    }
-    p -= lr * g;
-  }
-}
-
-}  // namespace
-
 SGD::SGD(nn::ParameterList parameters, SGDOptions options)
     : Optimizer("SGD", std::move(parameters), options.momentum != 0 ? 1 : 0), options_(options) {
   require(options.lr >= 0, "lr", ">= 0", options.lr);
@@ -35,7 +16,20 @@ SGD::SGD(nn::ParameterList parameters, SGDOptions options)
   }
 }
 
-void SGD::update(const Chunk<float>& chunk, std::int64_t t) const { sgd_update(options_, chunk, t); }
-void SGD::update(const Chunk<double>& chunk, std::int64_t t) const { sgd_update(options_, chunk, t); }
+template <class S> SGDRule<S> SGD::rule(std::int64_t t) const {
+  return {.lr = static_cast<S>(options_.lr),
+          .momentum = static_cast<S>(options_.momentum),
+          .damped = static_cast<S>(1 - options_.dampening),
+          .weight_decay = static_cast<S>(options_.weight_decay),
+          .use_momentum = options_.momentum != 0,
+          .nesterov = options_.nesterov,
+          .first = t == 1};
+}
+
+void SGD::update(const Chunk<float>& chunk, std::int64_t t) const { apply(rule<float>(t), chunk); }
+void SGD::update(const Chunk<double>& chunk, std::int64_t t) const { apply(rule<double>(t), chunk); }
+void SGD::update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const {
+  apply_on_device(buffers, rule<float>(t), rule<double>(t));
+}
 
 }  // namespace tapegrad::optim

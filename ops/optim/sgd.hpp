@@ -5,7 +5,7 @@
 //   g = nesterov ? g + momentum·b : b              (only when momentum != 0)
 //   p = p - lr·g
 //
-// State precision and skipped parameters: ops/optim/optimizer.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: ops/optim/update_rules.hpp.
 #pragma once
 
 #include "ops/optim/optimizer.hpp"
@@ -30,8 +30,11 @@ class SGD final : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  private:
+  // The rule of a parameter's update number t, in state precision S.
+  template <class S> SGDRule<S> rule(std::int64_t t) const;
   void update(const Chunk<float>& chunk, std::int64_t t) const override;
   void update(const Chunk<double>& chunk, std::int64_t t) const override;
+  void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const override;
 
   SGDOptions options_;
 };
