@@ -16,11 +16,11 @@ namespace {
 // x [N, D] -> [N, 1]: h = x + mlp0(x); h = h + mlp1(h); y = head(h).
 template <class P> class ResidualMLP : public nn::Module {
  public:
-  ResidualMLP(std::int64_t features, const nn::LayerNormMLPConfig& block, std::uint64_t seed)
-      : Module("ResidualMLP"),
-        block0_(features, block, nn::derive_seed(seed, "block0")),
-        block1_(features, block, nn::derive_seed(seed, "block1")),
-        head_(features, {.features = 1}, nn::derive_seed(seed, "head")) {
+  ResidualMLP(std::int64_t features, const nn::LayerNormMLPConfig& block, std::uint64_t seed, Device device)
+      : Module("ResidualMLP", device),
+        block0_(features, block, nn::derive_seed(seed, "block0"), device),
+        block1_(features, block, nn::derive_seed(seed, "block1"), device),
+        head_(features, {.features = 1}, nn::derive_seed(seed, "head"), device) {
     add_child("block0", block0_);
     add_child("block1", block1_);
     add_child("head", head_);
@@ -52,14 +52,6 @@ Tensor<float> make_targets(const Tensor<float>& x, std::uint64_t seed) {
   return y.value();
 }
 
-// Points every parameter of `model` at a copy of its value on `device`.
-// TODO(gpu-random): Module::to(Device) once that branch is merged.
-void move_parameters(nn::Module& model, Device device) {
-  for (const nn::NamedParameter& p : model.parameters()) {
-    model.set_parameter(p.path, param(std::get<Var<float>>(p.var).value().to(device)));
-  }
-}
-
 int train(Device device) {
   // Allocating on the device throws, saying why, when it cannot be used: before any work, not in the middle.
   (void)Tensor<float>({1}, device);
@@ -69,9 +61,8 @@ int train(Device device) {
   const Tensor<float> x = randn<float>({samples, features}, 7);
   const Var<float> inputs = constant(x.to(device)), targets = constant(make_targets(x, 8).to(device));
 
-  ResidualMLP<float> model(features, block, /*seed=*/9);
-  std::printf("%s\n", nn::summary(model, x).c_str());
-  move_parameters(model, device);
+  ResidualMLP<float> model(features, block, /*seed=*/9, device);
+  std::printf("%s\n", nn::summary(model, x.to(device)).c_str());
 
   optim::AdamW optimizer(model.parameters(), {.lr = 3e-3, .weight_decay = 1e-4});
   Tape& tape = Tape::active();
