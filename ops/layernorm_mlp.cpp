@@ -1,4 +1,5 @@
-// layernorm_mlp on the CPU: one tape node whose backward computes every gradient directly.
+// layernorm_mlp: one tape node whose backward computes every gradient directly. This file holds the node and its
+// CPU path; for x on a GPU its forward and backward run the same steps in ops/layernorm_mlp_gpu.cpp.
 //
 // With M rows (x's leading dims flattened), W1 viewed as [H, n·F] and z as [M, n·F]:
 //
@@ -28,7 +29,9 @@
 #include <vector>
 
 #include "autodiff/custom_op.hpp"
+#include "cuda/enabled.hpp"
 #include "ops/gemm.hpp"
+#include "ops/layernorm_mlp_gpu.hpp"
 #include "ops/mlp_activation.hpp"
 #include "ops/norm_rows.hpp"
 
@@ -37,6 +40,8 @@ namespace tapegrad {
 namespace {
 
 constexpr const char* op_name = "layernorm_mlp";
+using detail::MlpDims;
+using detail::MlpNeeds;
 
 struct ActivationEntry {
   Activation activation;
@@ -65,13 +70,10 @@ const ActivationEntry& entry_of(Activation activation) {
   throw Error(std::string(op_name) + ": unknown activation " + std::to_string(static_cast<int>(activation)));
 }
 
-struct Dims {
-  std::int64_t rows, hidden, ffn, width;  // M, H, F, n
-};
-
 template <class T, class P>
-Dims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta, const MLPKernels<P>& kernels,
-                         const MLPBiases<P>& biases, const LayerNormMLPOptions& options) {
+MlpDims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
+                            const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
+                            const LayerNormMLPOptions& options) {
   const auto& act = entry_of(options.activation);
   check(x.defined() && gamma.defined() && kernels.w1.defined() && kernels.w2.defined(), op_name,
         "x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)");
@@ -112,10 +114,11 @@ Dims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& bet
 template <class T> struct MlpContext {
   using C = compute_t<T>;
   LayerNormMLPOptions options;
-  Dims dims{};
+  MlpDims dims{};
   detail::NormRows<T> norm;
   Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent
   Tensor<T> h, z;            // [M, H] and [M, nF], kept by policy
+  detail::DeviceMlp<T> device;  // all of the above, for x on a GPU
 };
 
 // z = h · W1 + b1, rounded to T once.
@@ -248,11 +251,6 @@ template <class T> MlpForward<T> mlp_forward(MlpContext<T>& c) {
   return {y, h};
 }
 
-// Which inputs need a gradient, in the node's input order.
-struct MlpNeeds {
-  bool x, gamma, beta, w1, b1, w2, b2;
-};
-
 template <class T> struct MlpGrads {
   using C = compute_t<T>;
   Tensor<T> dx;
@@ -304,12 +302,27 @@ template <class P, class C> Tensor<P> to_param(const Tensor<C>& values, const Sh
 
 // Records the node; with WithNorm it has a second output, h.
 template <bool WithNorm, class T, class P>
-auto record_layernorm_mlp(const Dims& dims, const LayerNormMLPOptions& options, const Var<T>& x,
+auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& options, const Var<T>& x,
                           const Var<P>& gamma, const Var<P>& beta, const Var<P>& w1, const Var<P>& b1,
                           const Var<P>& w2, const Var<P>& b2, bool has_beta, bool has_b1, bool has_b2) {
   const Shape x_shape = x.shape();
   auto forward = [&](MlpContext<T>& c, const Tensor<T>& xv, const Tensor<P>& gv, const Tensor<P>& bv,
                      const Tensor<P>& w1v, const Tensor<P>& b1v, const Tensor<P>& w2v, const Tensor<P>& b2v) {
+    auto outputs = [&](const Tensor<T>& y, const Tensor<T>& h) {
+      if constexpr (WithNorm) {
+        return std::tuple{y.reshape(x_shape), h.reshape(x_shape)};
+      } else {
+        return y.reshape(x_shape);
+      }
+    };
+    if constexpr (cuda::enabled) {
+      if (!xv.device().is_cpu()) {
+        const detail::MlpParams<P> params{gv, has_beta ? &bv : nullptr, w1v, has_b1 ? &b1v : nullptr,
+                                          w2v, has_b2 ? &b2v : nullptr};
+        const detail::DeviceMlpOutput<T> out = detail::device_mlp_forward(c.device, dims, options, xv, params);
+        return outputs(out.y, out.h);
+      }
+    }
     c.options = options;
     c.dims = dims;
     c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
@@ -318,18 +331,20 @@ auto record_layernorm_mlp(const Dims& dims, const LayerNormMLPOptions& options, 
     c.w2 = cast<T>(w2v);
     if (has_b1) c.b1 = cast<T>(b1v);
     if (has_b2) c.b2 = cast<T>(b2v);
-    MlpForward<T> out = mlp_forward(c);
-    if constexpr (WithNorm) {
-      return std::tuple{out.y.reshape(x_shape), out.h.reshape(x_shape)};
-    } else {
-      return out.y.reshape(x_shape);
-    }
+    const MlpForward<T> out = mlp_forward(c);
+    return outputs(out.y, out.h);
   };
   auto backward = [=](const MlpContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy, const auto&... dh) {
     const Tensor<T>* dh_out = nullptr;
     ((dh_out = &dh), ...);
     const MlpNeeds need{needs[0], needs[1], has_beta && needs[2], needs[3], has_b1 && needs[4], needs[5],
                         has_b2 && needs[6]};
+    if constexpr (cuda::enabled) {
+      if (!dy.device().is_cpu()) {
+        const detail::DeviceMlpGrads<T, P> g = detail::device_mlp_backward<T, P>(c.device, dy, dh_out, need);
+        return std::tuple{need.x ? g.dx.reshape(x_shape) : Tensor<T>(), g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2, g.db2};
+      }
+    }
     const MlpGrads<T> g = mlp_backward(c, dy, dh_out, need);
     const auto [M, H, F, n] = c.dims;
     auto param = [](bool wanted, auto make) { return wanted ? make() : Tensor<P>(); };
@@ -388,8 +403,7 @@ template <class T, class P>
 LayerNormMLPOutput<T> layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
                                     const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
                                     const LayerNormMLPOptions& options) {
-  const Dims dims = check_layernorm_mlp(x, gamma, beta, kernels, biases, options);
-  check_on_cpu("layernorm_mlp", 0, x.device());  // no GPU path yet
+  const MlpDims dims = check_layernorm_mlp(x, gamma, beta, kernels, biases, options);
   // Absent inputs take the place of an empty constant: one node type serves every combination.
   const Var<P> absent = constant(Tensor<P>(Shape{0}, x.device()));
   auto or_absent = [&](const Var<P>& v) { return v.defined() ? v : absent; };

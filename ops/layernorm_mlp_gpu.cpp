@@ -1,0 +1,214 @@
+// layernorm_mlp on the GPU: the steps of ops/layernorm_mlp.cpp (its mlp_forward and mlp_backward) on the launchers
+// of cuda/, in the same order and with the same roundings; ops/layernorm_mlp_gpu.hpp says where they differ.
+//
+//   forward                                  backward (dy [M, H])
+//   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
+//   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
+//   a  = act(z)           mlp_activation       a, dz = act(z), da · ∂a/∂z            mlp_activation_backward
+//   y  = a · W2 + b2      cuda::gemm + bias    db1 = Σ_rows dz; dW2 = aᵀ·dy, dW1 = hᵀ·dz in C
+//                                            dh  = dz · W1ᵀ (+ the returned h's gradient)
+//                                            dx, dγ, dβ = cuda::norm_backward of dh, in C
+//
+// A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
+// not stored again), a recomputed z from the same product: every recompute policy gives the same gradients.
+#include "ops/layernorm_mlp_gpu.hpp"
+
+#include "cuda/activation_math.hpp"  // quick_gelu_alpha
+#include "cuda/blaslt.hpp"
+#include "cuda/mlp_activation.hpp"
+#include "cuda/reduce.hpp"
+
+namespace tapegrad::detail {
+
+namespace {
+
+cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
+  using cuda::MlpFunction;
+  using cuda::MlpGate;
+  const double limit = options.clamped_swiglu.limit, quick = activation::quick_gelu_alpha;
+  switch (options.activation) {
+    case Activation::relu: return {MlpFunction::relu, MlpGate::none};
+    case Activation::gelu: return {MlpFunction::gelu_tanh, MlpGate::none};
+    case Activation::silu: return {MlpFunction::swish, MlpGate::none, 1.0};
+    case Activation::quick_gelu: return {MlpFunction::swish, MlpGate::none, quick};
+    case Activation::squared_relu: return {MlpFunction::squared_relu, MlpGate::none};
+    case Activation::reglu: return {MlpFunction::relu, MlpGate::linear};
+    case Activation::geglu: return {MlpFunction::gelu_tanh, MlpGate::linear};
+    case Activation::swiglu: return {MlpFunction::swish, MlpGate::linear, 1.0};
+    case Activation::glu: return {MlpFunction::sigmoid, MlpGate::linear};
+    case Activation::qgeglu: return {MlpFunction::swish, MlpGate::linear, quick};
+    case Activation::sreglu: return {MlpFunction::squared_relu, MlpGate::linear};
+    case Activation::clamped_swiglu:
+      return {MlpFunction::clamped_swish, MlpGate::clamped_linear, options.clamped_swiglu.alpha, limit};
+  }
+  throw Error("layernorm_mlp: unknown activation");
+}
+
+// out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless it is undefined), row-major: A stored [M, K],
+// or [K, M] when transposed; B stored [K, N], or [N, K] when transposed.
+template <class T>
+void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
+             std::int64_t N, std::int64_t K, const Tensor<T>& bias, double beta, Tensor<T>& out) {
+  cuda::gemm({.dtype = dtype_v<T>,
+              .M = M,
+              .N = N,
+              .K = K,
+              .a = {a.data(), transpose_a ? M : K, 0, transpose_a},
+              .b = {b.data(), transpose_b ? K : N, 0, transpose_b},
+              .c = {out.data(), N, 0},
+              .beta = beta,
+              .bias = bias.defined() ? bias.data() : nullptr},
+             out.device().index);
+}
+
+// z = h · W1 + b1, rounded to T once.
+template <class T> Tensor<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
+  const auto [M, H, F, n] = s.dims;
+  Tensor<T> z(Shape{M, n * F}, h.device());
+  product(h, false, s.w1, false, M, n * F, H, s.b1, 0.0, z);
+  return z;
+}
+
+// h [M, H] from x and the saved γ, β: bitwise the forward's, whose statistics it leaves as they are.
+template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* mean, compute_t<T>* rstd) {
+  Tensor<T> h(Shape{s.dims.rows, s.dims.hidden}, s.x.device());
+  cuda::norm_forward(s.norm,
+                     {.x = s.x.data(),
+                      .gamma = s.gamma.data(),
+                      .beta = s.beta.defined() ? s.beta.data() : nullptr,
+                      .y = h.data(),
+                      .mean = mean,
+                      .rstd = rstd,
+                      .epsilon = s.options.epsilon},
+                     s.x.device().index);
+  return h;
+}
+
+// Σ_rows of t [M, width] in C, rounded once to P [shape].
+template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64_t width, const Shape& shape) {
+  using C = compute_t<T>;
+  const Tensor<C> tc = cast<C>(t);
+  Tensor<C> sums(shape, t.device());
+  cuda::sum(dtype_v<C>, tc.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index);
+  return cast<P>(sums);
+}
+
+// Aᵀ · B over M rows in C, rounded once to P [shape]: A [M, K1], B [M, K2] → [K1, K2].
+template <class P, class T>
+Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1, std::int64_t k2,
+                          const Shape& shape) {
+  using C = compute_t<T>;
+  const Tensor<C> ac = cast<C>(a), bc = cast<C>(b);
+  Tensor<C> out(shape, a.device());
+  product(ac, true, bc, false, k1, k2, M, {}, 0.0, out);
+  return cast<P>(out);
+}
+
+template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
+
+}  // namespace
+
+template <class T, class P>
+DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, const LayerNormMLPOptions& options,
+                                      const Tensor<T>& x, const MlpParams<P>& params) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = dims;
+  const Device device = x.device();
+  s.options = options;
+  s.dims = dims;
+  s.norm = {.dtype = dtype_v<T>,
+            .rows = M,
+            .hidden = H,
+            .centered = options.norm == NormType::layernorm,
+            .zero_centered_gamma = options.zero_centered_gamma};
+  s.x = x;
+  s.gamma = cast<T>(params.gamma);
+  if (params.beta) s.beta = cast<T>(*params.beta);
+  s.w1 = cast<T>(params.w1);
+  s.w2 = cast<T>(params.w2);
+  if (params.b1) s.b1 = cast<T>(*params.b1);
+  if (params.b2) s.b2 = cast<T>(*params.b2);
+  s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
+  s.rstd = Tensor<C>(Shape{M}, device);
+
+  Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
+  Tensor<T> z = first_product(s, h);
+  Tensor<T> a(Shape{M, F}, device), y(Shape{M, H}, device);
+  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, F);
+  product(a, false, s.w2, false, M, H, F, s.b2, 0.0, y);
+  if (options.recompute == Recompute::save_all) s.h = h;
+  if (options.recompute != Recompute::recompute_all) s.z = z;
+  return {y, h};
+}
+
+template <class T, class P>
+DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>& dy_in, const Tensor<T>* dh_out,
+                                         const MlpNeeds& need) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = s.dims;
+  const Device device = dy_in.device();
+  const Tensor<T> dy = dy_in.reshape(Shape{M, H});
+  DeviceMlpGrads<T, P> g;
+  if (need.b2) g.db2 = column_sums<P>(dy, H, Shape{H});
+  const bool need_dh = need.x || need.gamma || need.beta;
+  const bool need_dz = need_dh || need.w1 || need.b1;
+  if (!need_dz && !need.w2) return g;
+
+  const Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
+  const Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
+  const cuda::MlpActivation act = device_activation(s.options);
+  Tensor<T> a(Shape{M, F}, device), dz;
+  if (need_dz) {
+    Tensor<T> da(Shape{M, F}, device);
+    product(dy, false, s.w2, true, M, F, H, {}, 0.0, da);
+    dz = Tensor<T>(Shape{M, n * F}, device);
+    cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(), a.data(), dz.data(), M, F);
+    if (need.b1) g.db1 = column_sums<P>(dz, n * F, Shape{n, F});
+  } else {
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
+  }
+  if (need.w2) g.dw2 = weight_gradient<P>(a, dy, M, F, H, Shape{F, H});
+  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, H, n * F, Shape{H, n, F});
+  if (!need_dh) return g;
+
+  Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
+  product(dz, false, s.w1, true, M, H, n * F, {}, dh_out ? 1.0 : 0.0, dh);
+  // In C, so that dγ and dβ are rounded once, to P; x, dh and γ widen exactly, and dx rounds to T once as in T.
+  cuda::NormProblem problem = s.norm;
+  problem.dtype = dtype_v<C>;
+  const Tensor<C> xc = cast<C>(s.x), dhc = cast<C>(dh), gammac = cast<C>(s.gamma);
+  Tensor<C> dx, dgamma, dbeta;
+  if (need.x) dx = Tensor<C>(Shape{M, H}, device);
+  if (need.gamma) dgamma = Tensor<C>(Shape{H}, device);
+  if (need.beta) dbeta = Tensor<C>(Shape{H}, device);
+  Tensor<C> partials(Shape{cuda::norm_backward_partials(problem, need.gamma, need.beta)}, device);
+  cuda::norm_backward(problem,
+                      {.x = xc.data(),
+                       .gamma = gammac.data(),
+                       .dy = dhc.data(),
+                       .mean = is_layernorm(s) ? s.mean.data() : nullptr,
+                       .rstd = s.rstd.data(),
+                       .dx = need.x ? dx.data() : nullptr,
+                       .dgamma = need.gamma ? dgamma.data() : nullptr,
+                       .dbeta = need.beta ? dbeta.data() : nullptr,
+                       .partials = partials.data()},
+                      device.index);
+  if (need.x) g.dx = cast<T>(dx);
+  if (need.gamma) g.dgamma = cast<P>(dgamma);
+  if (need.beta) g.dbeta = cast<P>(dbeta);
+  return g;
+}
+
+#define TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, P)                                                              \
+  template DeviceMlpOutput<T> device_mlp_forward<T, P>(DeviceMlp<T>&, const MlpDims&, const LayerNormMLPOptions&,  \
+                                                       const Tensor<T>&, const MlpParams<P>&);                     \
+  template DeviceMlpGrads<T, P> device_mlp_backward<T, P>(const DeviceMlp<T>&, const Tensor<T>&, const Tensor<T>*, \
+                                                          const MlpNeeds&);
+#define TAPEGRAD_INSTANTIATE_DEVICE_MLP(T)                        \
+  TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, float)                \
+  TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, double)               \
+  TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, ::tapegrad::bf16)     \
+  TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, ::tapegrad::f16)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_DEVICE_MLP)
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,68 @@
+// layernorm_mlp's GPU path: the CPU's algorithm (ops/layernorm_mlp.cpp) step by step on the launchers of cuda/,
+// every temporary a device tensor; the fused kernels come later. Also the types both paths share. Internal:
+// included by ops/layernorm_mlp*.cpp only.
+//
+// Where it differs from the CPU: γ and β are rounded to T for the norm (the CPU widens P to C), so with P wider
+// than T the norm output sees γ and β at T's precision. Everything else is rounded where the CPU rounds: h, z, a
+// and y once to T; the bias and weight gradients and dγ, dβ summed in C = compute_t<T> and rounded once to P
+// (the norm backward runs in C for that). db1 sums dz after its rounding to T, where the CPU sums it before.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/norm.hpp"
+#include "ops/layernorm_mlp.hpp"
+#include "tensor/tensor.hpp"
+
+namespace tapegrad::detail {
+
+struct MlpDims {
+  std::int64_t rows, hidden, ffn, width;  // M, H, F, n
+};
+
+// Which inputs need a gradient, in the node's input order.
+struct MlpNeeds {
+  bool x, gamma, beta, w1, b1, w2, b2;
+};
+
+// What the GPU forward keeps for the backward: as the CPU's context, on the device.
+template <class T> struct DeviceMlp {
+  LayerNormMLPOptions options;
+  MlpDims dims{};
+  cuda::NormProblem norm;
+  Tensor<T> x, gamma, beta;                // x [M, H] (the input's storage); γ and β in T, β undefined if absent
+  Tensor<compute_t<T>> mean, rstd;         // per row; mean stays empty for rmsnorm
+  Tensor<T> w1, w2, b1, b2;                // in T; a bias is undefined when absent
+  Tensor<T> h, z;                          // [M, H] and [M, nF], kept by policy
+};
+
+// The parameters as the node gets them; an absent beta or bias is null.
+template <class P> struct MlpParams {
+  const Tensor<P>& gamma;
+  const Tensor<P>* beta;
+  const Tensor<P>& w1;
+  const Tensor<P>* b1;
+  const Tensor<P>& w2;
+  const Tensor<P>* b2;
+};
+
+template <class T> struct DeviceMlpOutput {
+  Tensor<T> y, h;  // [M, H] each
+};
+
+// Fills s and returns y and h; x is [..., H] on a GPU.
+template <class T, class P>
+DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, const LayerNormMLPOptions& options,
+                                      const Tensor<T>& x, const MlpParams<P>& params);
+
+template <class T, class P> struct DeviceMlpGrads {
+  Tensor<T> dx;                                // [M, H]
+  Tensor<P> dgamma, dbeta, dw1, db1, dw2, db2;  // in the parameters' shapes; each undefined unless needed
+};
+
+// dy and, with return_layernorm_output, dh_out are [M, H] (any shape of M·H elements) on the GPU.
+template <class T, class P>
+DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out,
+                                         const MlpNeeds& need);
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,288 @@
+// layernorm_mlp on the GPU against the CPU in double (tests/gpu_reference.hpp), forward and every gradient: every
+// activation × {layernorm, rmsnorm} × biases on and off × every recompute policy, with the norm output returned
+// and zero-centered gamma, hidden sizes 24 and 13, leading dims [5] and [2, 3], one row and none; mixed precision
+// (f32 parameters, x in T); bitwise identical gradients on every run and under every recompute policy; errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu_reference.hpp"
+
+using namespace tapegrad;
+using test::GpuInput;
+using test::Tolerance;
+
+namespace {
+
+constexpr Activation all_activations[] = {
+    Activation::relu,  Activation::gelu,  Activation::silu,   Activation::quick_gelu, Activation::squared_relu,
+    Activation::reglu, Activation::geglu, Activation::swiglu, Activation::glu,        Activation::qgeglu,
+    Activation::sreglu, Activation::clamped_swiglu,
+};
+constexpr Recompute all_policies[] = {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all};
+constexpr std::int64_t ffn = 40;
+
+struct Case {
+  LayerNormMLPOptions options;
+  bool biases = true;
+  Shape x;  // [..., H]
+  bool has_beta() const { return options.norm == NormType::layernorm && biases; }
+};
+
+LayerNormMLPOptions options_for(Activation act, NormType norm, Recompute recompute, bool return_h, bool zero_centered) {
+  // A limit of 1 makes clamped_swiglu's clamps bite for z of unit size (its default of 7 never would here).
+  return {.norm = norm,
+          .zero_centered_gamma = zero_centered,
+          .epsilon = 1e-5,
+          .activation = act,
+          .clamped_swiglu = {.limit = 1.0, .alpha = 1.702},
+          .return_layernorm_output = return_h,
+          .recompute = recompute};
+}
+
+std::string describe(const Case& c) {
+  const auto& o = c.options;
+  return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +
+         (c.biases ? " with biases" : " without biases") + " " + std::string(recompute_name(o.recompute)) +
+         (o.return_layernorm_output ? " returning h" : "") + (o.zero_centered_gamma ? " zero-centered" : "") +
+         " x " + c.x.str();
+}
+
+// The node's inputs in order: x, gamma, [beta], w1, [b1], w2, [b2]; each [stddev] scales a unit normal draw so that
+// z and y stay of unit size (weights by 1/sqrt(fan-in), as an initializer would).
+struct InputPlan {
+  std::vector<GpuInput> inputs;
+  std::vector<double> mean, stddev;
+};
+InputPlan plan(const Case& c) {
+  const std::int64_t H = c.x.dim(-1), n = activation_width(c.options.activation);
+  InputPlan p;
+  auto add = [&](Shape shape, double mean, double stddev) {
+    p.inputs.push_back({shape});
+    p.mean.push_back(mean);
+    p.stddev.push_back(stddev);
+  };
+  add(c.x, 0.5, 2.0);
+  add({H}, c.options.zero_centered_gamma ? 0.0 : 1.0, 0.3);
+  if (c.has_beta()) add({H}, 0.0, 0.3);
+  add({H, n, ffn}, 0.0, 1.0 / std::sqrt(double(H)));
+  if (c.biases) add({n, ffn}, 0.0, 0.3);
+  add({ffn, H}, 0.0, 1.0 / std::sqrt(double(ffn)));
+  if (c.biases) add({H}, 0.0, 0.3);
+  return p;
+}
+
+// The block on the inputs in plan order; with return_layernorm_output y and h side by side, [..., 2H].
+template <class T, class P> Var<T> block(const Case& c, const Var<T>& x, const std::vector<Var<P>>& params) {
+  std::size_t k = 0;
+  const Var<P> gamma = params[k++];
+  const Var<P> beta = c.has_beta() ? params[k++] : Var<P>();
+  const Var<P> w1 = params[k++];
+  const Var<P> b1 = c.biases ? params[k++] : Var<P>();
+  const Var<P> w2 = params[k++];
+  const Var<P> b2 = c.biases ? params[k++] : Var<P>();
+  const auto out = layernorm_mlp(x, gamma, beta, {w1, w2}, {b1, b2}, c.options);
+  return c.options.return_layernorm_output ? concat<T>({out.y, out.layernorm_output}, -1) : out.y;
+}
+template <class U> Var<U> block_of_inputs(const Case& c, const std::vector<Var<U>>& v) {
+  return block<U, U>(c, v[0], std::vector<Var<U>>(v.begin() + 1, v.end()));
+}
+
+// How close (in double) a pre-activation z may come to a kink of the activation's derivative (relu's 0, the clamps'
+// ±limit): T's rounding of h moves z by ~2e-3 in bf16, and on the other side of a kink the derivative jumps by the
+// whole slope. Squared relu's derivative has no jump.
+template <class T> constexpr double kink_margin = 0.0;
+template <> constexpr double kink_margin<bf16> = 1e-2;
+template <> constexpr double kink_margin<f16> = 3e-3;
+
+// The smallest distance of z = norm(x)·W1 + b1 (in double, on the CPU) from a kink of the activation.
+double distance_to_kinks(const Case& c, const std::vector<Tensor<double>>& v) {
+  const auto& o = c.options;
+  const bool relu_kink = o.activation == Activation::relu || o.activation == Activation::reglu;
+  if (!relu_kink && o.activation != Activation::clamped_swiglu) return INFINITY;
+  std::size_t k = 0;
+  const Var<double> x = constant(v[k++]), gamma = constant(v[k++]);
+  const NormOptions norm_options{.epsilon = o.epsilon, .zero_centered_gamma = o.zero_centered_gamma};
+  const Var<double> h = o.norm == NormType::rmsnorm ? rmsnorm(x, gamma, norm_options)
+                        : c.has_beta()            ? layernorm(x, gamma, constant(v[k++]), norm_options)
+                                                  : layernorm(x, gamma, norm_options);
+  const Tensor<double>& w1 = v[k++];
+  const Tensor<double>* b1 = c.biases ? &v[k++] : nullptr;
+  const std::int64_t H = w1.dim(0), nF = w1.numel() / H, F = w1.dim(2), rows = x.value().numel() / H;
+  double closest = INFINITY;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < nF; ++j) {
+      double z = b1 ? b1->flat(j) : 0.0;
+      for (std::int64_t i = 0; i < H; ++i) z += h.value().flat(r * H + i) * w1.flat(i * nF + j);
+      const double limit = o.clamped_swiglu.limit;
+      const double d = relu_kink ? (j < F ? std::abs(z) : INFINITY)
+                       : j < F   ? std::abs(z - limit)
+                                 : std::min(std::abs(z - limit), std::abs(z + limit));
+      closest = std::min(closest, d);
+    }
+  }
+  return closest;
+}
+
+// Inputs drawn in T as the plan says, redrawn (with the next seeds) until every z keeps T's margin from a kink.
+template <class T> std::vector<Tensor<T>> draw(const Case& c, const InputPlan& p, std::uint64_t seed) {
+  for (int attempt = 0; attempt < 200; ++attempt, seed += 1000) {
+    std::vector<Tensor<T>> values;
+    std::vector<Tensor<double>> exact;
+    for (std::size_t k = 0; k < p.inputs.size(); ++k) {
+      values.push_back(randn<T>(p.inputs[k].shape, seed + k, p.mean[k], p.stddev[k]));
+      exact.push_back(cast<double>(values.back()));
+    }
+    if (kink_margin<T> == 0.0 || distance_to_kinks(c, exact) > kink_margin<T>) return values;
+  }
+  FAIL("no draw keeps z away from the kinks of ", describe(c));
+  return {};
+}
+
+// Against the double reference, with z kept off the kinks and values of unit size: f64 differs in summation order
+// only; f32 rounds each stage (h, z, a, y; da, dz, dh) once (~6e-8) and sums up to 80 terms per product; bf16 (8
+// bits) and f16 (11 bits) carry up to seven chained roundings through the products and the activation's slope (the
+// CPU's bf16 measures 6e-3 as a norm, elements a few times that; f16 a quarter of bf16's).
+template <class T> constexpr Tolerance tolerance{};
+template <> constexpr Tolerance tolerance<double>{1e-9, 1e-9};
+template <> constexpr Tolerance tolerance<float>{1e-4, 1e-4};
+template <> constexpr Tolerance tolerance<bf16>{5e-2, 5e-2};
+template <> constexpr Tolerance tolerance<f16>{1.5e-2, 1.5e-2};
+
+template <class T> test::Run<T> check_case(const Case& c, std::uint64_t seed) {
+  const std::string what = describe(c);
+  CAPTURE(what);
+  const InputPlan p = plan(c);
+  return test::check_values_against_cpu<T>(
+      what, [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, seed), tolerance<T>, seed);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU for every activation, norm, bias setting and policy", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  std::uint64_t seed = 1;
+  for (Activation act : all_activations) {
+    for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
+      for (bool biases : {true, false}) {
+        for (Recompute recompute : all_policies) {
+          // Alternate the hidden size, the leading dims and the options so that each appears with every
+          // activation and policy.
+          const bool odd = (seed % 2) == 1;
+          const Case c{.options = options_for(act, norm, recompute, odd, !odd),
+                       .biases = biases,
+                       .x = odd ? Shape{5, 13} : Shape{2, 3, 24}};
+          check_case<T>(c, seed++);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU takes a single row and no rows", T, TAPEGRAD_GPU_DTYPES) {
+  for (const Shape& x : {Shape{1, 13}, Shape{0, 24}, Shape{2, 0, 24}}) {
+    for (bool return_h : {false, true}) {
+      const Case c{.options = options_for(Activation::swiglu, NormType::layernorm, Recompute::recompute_all, return_h,
+                                          false),
+                   .x = x};
+      const auto run = check_case<T>(c, 300);
+      CHECK(run.y.shape().dim(0) == x.dim(0));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU gives bitwise the same output and gradients on every run and policy", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  for (Activation act : {Activation::gelu, Activation::swiglu, Activation::clamped_swiglu}) {
+    for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
+      Case c{.options = options_for(act, norm, Recompute::save_all, true, false), .x = Shape{2, 3, 24}};
+      CAPTURE(describe(c));
+      const InputPlan p = plan(c);
+      const std::vector<Tensor<T>> values = draw<T>(c, p, 400);
+      const auto f = [&](const auto& v) { return block_of_inputs(c, v); };
+      auto run = [&] { return test::run_op<T, T>(f, p.inputs, values, nullptr, test::gpu, 401); };
+      const auto first = run();
+      for (Recompute recompute : all_policies) {
+        c.options.recompute = recompute;
+        const std::string policy(recompute_name(recompute));
+        CAPTURE(policy);
+        const auto again = run();
+        CHECK(test::bitwise_equal(first.y, again.y));
+        for (std::size_t k = 0; k < p.inputs.size(); ++k) {
+          CAPTURE(k);
+          CHECK(test::bitwise_equal(first.grads[k], again.grads[k]));
+        }
+      }
+    }
+  }
+}
+
+// Mixed precision: parameters in f32, x (and so h, z, a, y) in T. Against the double reference on the same values,
+// within T's tolerance: W1, W2, γ and β are rounded to T on the GPU, an error of T's rounding like every stage's.
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU with f32 parameters gives f32 gradients that match the CPU", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  for (Activation act : {Activation::gelu, Activation::swiglu}) {
+    const Case c{.options = options_for(act, NormType::layernorm, Recompute::recompute_norm, true, false),
+                 .x = Shape{5, 24}};
+    CAPTURE(describe(c));
+    const InputPlan p = plan(c);
+    const std::vector<Tensor<T>> x_draw = draw<T>(c, p, 500);
+    std::vector<Tensor<float>> param_values;
+    for (std::size_t k = 1; k < p.inputs.size(); ++k) {
+      param_values.push_back(randn<float>(p.inputs[k].shape, 510 + k, p.mean[k], p.stddev[k]));
+    }
+    const Tensor<T> dy = randn<T>({5, 48}, 520);
+
+    const Var<T> x = param(x_draw[0].to(test::gpu));
+    std::vector<Var<float>> params;
+    for (const Tensor<float>& v : param_values) params.push_back(param(v.to(test::gpu)));
+    const Var<T> y = block<T, float>(c, x, params);
+    backward(y, dy.to(test::gpu));
+
+    const Var<double> xd = param(cast<double>(x_draw[0]));
+    std::vector<Var<double>> ref;
+    for (const Tensor<float>& v : param_values) ref.push_back(param(cast<double>(v)));
+    const Var<double> yd = block<double, double>(c, xd, ref);
+    backward(yd, cast<double>(dy));
+
+    test::check_close(y.value().to(Device::cpu()), yd.value(), tolerance<T>);
+    test::check_close(x.grad().to(Device::cpu()), xd.grad(), tolerance<T>);
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      CAPTURE(k);
+      CHECK(params[k].grad().device() == test::gpu);
+      test::check_close(params[k].grad().to(Device::cpu()), ref[k].grad(), tolerance<T>);
+    }
+    if constexpr (std::is_same_v<T, bf16>) {
+      // W1's gradient is rounded once from sums in f32, not from bf16 ones: most of it is no bf16 value.
+      const Tensor<float> dw1 = params[2].grad().to(Device::cpu());
+      std::int64_t not_bf16 = 0;
+      for (std::int64_t i = 0; i < dw1.numel(); ++i) not_bf16 += float(bf16(dw1.flat(i))) != dw1.flat(i);
+      CHECK(not_bf16 > dw1.numel() / 2);
+    }
+  }
+}
+
+TEST_CASE("layernorm_mlp on the GPU keeps its outputs and gradients on the GPU, and refuses inputs on two devices") {
+  const Case c{.options = options_for(Activation::geglu, NormType::layernorm, Recompute::save_all, true, false),
+               .x = Shape{4, 13}};
+  const InputPlan p = plan(c);
+  std::vector<Var<float>> on_gpu;
+  for (std::size_t k = 0; k < p.inputs.size(); ++k) {
+    on_gpu.push_back(param(randn<float>(p.inputs[k].shape, 600 + k).to(test::gpu)));
+  }
+  const Var<float> y = block_of_inputs(c, on_gpu);
+  CHECK(y.device() == test::gpu);
+  backward(y, ones<float>(y.shape(), test::gpu));
+  for (const Var<float>& v : on_gpu) CHECK(v.grad().device() == test::gpu);
+
+  std::vector<Var<float>> mixed = on_gpu;
+  mixed[1] = constant(randn<float>(p.inputs[1].shape, 610));  // gamma on the cpu
+  CHECK_THROWS_WITH_AS(block_of_inputs(c, mixed), doctest::Contains("layernorm_mlp: input 0 is on cuda:0 but input 1 is on cpu"),
+                       Error);
+  std::vector<Var<float>> bad_shape = on_gpu;
+  bad_shape[3] = constant(randn<float>({13, 2, 7}, 611).to(test::gpu));  // w1 with a different F
+  CHECK_THROWS_WITH_AS(block_of_inputs(c, bad_shape), doctest::Contains("layernorm_mlp: w2 has shape [40, 13] but w1 has shape"),
+                       Error);
+}
