@@ -1,11 +1,11 @@
 // The elementwise program interpreter (see elementwise.hpp). Each thread runs the whole program for V adjacent
-// elements at a time: the registers are C r[R][V] held in machine registers (every index into them is a
-// compile-time constant after the branches below), so a program costs a few uniform branches per instruction and
+// elements at a time: the registers are C r[8][V] held in machine registers (every index into them is a
+// compile-time constant after the switches below), so a program costs one uniform branch per instruction and
 // V arithmetic operations. The program, layout and pointers are __grid_constant__ kernel parameters: indexed at
 // run time, they are read from the constant bank instead of being copied to each thread's local memory.
 #include "cuda/elementwise.hpp"
 
-#include <algorithm>
+#include <cstring>
 
 #include "cuda/activation_math.hpp"
 #include "cuda/launch.cuh"
@@ -53,76 +53,58 @@ template <class C> __device__ __forceinline__ C unary_op(ElementOp op, C x, C s)
   }
 }
 
-// The register file: R registers of V values. read/write test the (uniform) register index against each constant
-// in turn, so that every access names its register by a constant and the file stays in machine registers.
-template <class C, int V, int R> struct Registers {
-  C r[R][V];
+// The register file. read/write switch over the register index so that each case names registers by constants.
+template <class C, int V> struct Registers {
+  C r[element_registers][V];
 
-  template <int K = 0> __device__ __forceinline__ void read(int k, C (&x)[V]) const {
-    if constexpr (K < R) {
-      if (k == K) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = r[K][v];
-      } else {
-        read<K + 1>(k, x);
-      }
+  __device__ __forceinline__ void read(int k, C (&x)[V]) const {
+    switch (k) {
+#define TAPEGRAD_READ_REGISTER(K)             \
+  case K:                                     \
+    _Pragma("unroll") for (int v = 0; v < V; ++v) x[v] = r[K][v]; \
+    break;
+      TAPEGRAD_READ_REGISTER(0) TAPEGRAD_READ_REGISTER(1) TAPEGRAD_READ_REGISTER(2) TAPEGRAD_READ_REGISTER(3)
+      TAPEGRAD_READ_REGISTER(4) TAPEGRAD_READ_REGISTER(5) TAPEGRAD_READ_REGISTER(6) TAPEGRAD_READ_REGISTER(7)
+#undef TAPEGRAD_READ_REGISTER
     }
   }
-  template <int K = 0> __device__ __forceinline__ void write(int k, const C (&x)[V]) {
-    if constexpr (K < R) {
-      if (k == K) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) r[K][v] = x[v];
-      } else {
-        write<K + 1>(k, x);
-      }
+  __device__ __forceinline__ void write(int k, const C (&x)[V]) {
+    switch (k) {
+#define TAPEGRAD_WRITE_REGISTER(K)            \
+  case K:                                     \
+    _Pragma("unroll") for (int v = 0; v < V; ++v) r[K][v] = x[v]; \
+    break;
+      TAPEGRAD_WRITE_REGISTER(0) TAPEGRAD_WRITE_REGISTER(1) TAPEGRAD_WRITE_REGISTER(2) TAPEGRAD_WRITE_REGISTER(3)
+      TAPEGRAD_WRITE_REGISTER(4) TAPEGRAD_WRITE_REGISTER(5) TAPEGRAD_WRITE_REGISTER(6) TAPEGRAD_WRITE_REGISTER(7)
+#undef TAPEGRAD_WRITE_REGISTER
     }
   }
 };
+static_assert(element_registers == 8, "Registers::read/write name eight registers");
 
 // V contiguous values of S, moved as one 16-byte access when V·sizeof(S) == 16.
 template <class S, int V> struct alignas(sizeof(S) * V) Pack {
   S v[V];
 };
 
-// Input k's V values at element `base`, as stored.
 template <class S, int V, bool Flat>
-__device__ __forceinline__ Pack<S, V> load_pack(const ElementLayout& layout, const ElementBuffers& buffers, int k,
-                                                std::int64_t base, const std::int64_t (&coord)[max_element_rank]) {
+__device__ __forceinline__ void load_input(const ElementLayout& layout, const ElementBuffers& buffers, int k,
+                                           std::int64_t base, const std::int64_t (&coord)[max_element_rank],
+                                           compute_of<S> (&x)[V]) {
+  using C = compute_of<S>;
   const S* in = static_cast<const S*>(buffers.inputs[k]);
   if constexpr (Flat) {
-    return *reinterpret_cast<const Pack<S, V>*>(in + base);
+    const Pack<S, V> pack = *reinterpret_cast<const Pack<S, V>*>(in + base);
+#pragma unroll
+    for (int v = 0; v < V; ++v) x[v] = to_compute<C>(pack.v[v]);
   } else {
     static_assert(V == 1, "broadcast layouts run one element per step");
     std::int64_t offset = 0;
 #pragma unroll
     for (int d = 0; d < max_element_rank; ++d) offset += coord[d] * layout.strides[k][d];
-    return Pack<S, V>{{in[offset]}};
+    x[0] = to_compute<C>(in[offset]);
   }
 }
-
-// The first inputs are loaded before the program runs, all at once, so that their memory latencies overlap; the
-// others (programs with many inputs) when their `input` instruction comes.
-constexpr int prefetched_inputs = 4;
-
-// Most programs need few registers: they run a kernel with a smaller register file, held to 64 machine registers
-// per thread so that 1024 threads fit on an SM (the kernel is bandwidth-bound: occupancy keeps memory busy).
-constexpr int small_register_file = 4;
-
-template <class S, int V> struct Prefetched {
-  Pack<S, V> packs[prefetched_inputs];
-
-  template <int K = 0> __device__ __forceinline__ void get(int k, compute_of<S> (&x)[V]) const {
-    if constexpr (K < prefetched_inputs) {
-      if (k == K) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = to_compute<compute_of<S>>(packs[K].v[v]);
-      } else {
-        get<K + 1>(k, x);
-      }
-    }
-  }
-};
 
 template <class S, int V>
 __device__ __forceinline__ void store_output(const ElementBuffers& buffers, int j, std::int64_t base,
@@ -140,13 +122,11 @@ __device__ __forceinline__ void store_output(const ElementBuffers& buffers, int 
   }
 }
 
-// Runs the program on `chunks` groups of V elements starting at element `first`, with R registers; the program
-// reads `inputs` inputs.
-template <class S, int V, bool Flat, int R>
-__global__ void __launch_bounds__(threads_per_block, R == small_register_file ? 4 : 2)
+// Runs the program on `chunks` groups of V elements starting at element `first`.
+template <class S, int V, bool Flat>
+__global__ void __launch_bounds__(threads_per_block)
     element_kernel(const __grid_constant__ ElementProgram program, const __grid_constant__ ElementLayout layout,
-                   const __grid_constant__ ElementBuffers buffers, int inputs, std::int64_t first,
-                   std::int64_t chunks) {
+                   const __grid_constant__ ElementBuffers buffers, std::int64_t first, std::int64_t chunks) {
   using C = compute_of<S>;
   for (std::int64_t chunk = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; chunk < chunks;
        chunk += std::int64_t{gridDim.x} * blockDim.x) {
@@ -162,24 +142,13 @@ __global__ void __launch_bounds__(threads_per_block, R == small_register_file ? 
         }
       }
     }
-    Prefetched<S, V> prefetched;
-#pragma unroll
-    for (int k = 0; k < prefetched_inputs; ++k) {
-      if (k < inputs) prefetched.packs[k] = load_pack<S, V, Flat>(layout, buffers, k, base, coord);
-    }
-    Registers<C, V, R> regs;
+    Registers<C, V> regs;
     for (int pc = 0; pc < program.size; ++pc) {
       const ElementInstruction in = program.code[pc];
       C x[V];
       switch (in.op) {
         case ElementOp::input:
-          if (in.a < prefetched_inputs) {
-            prefetched.get(in.a, x);
-          } else {
-            const Pack<S, V> pack = load_pack<S, V, Flat>(layout, buffers, in.a, base, coord);
-#pragma unroll
-            for (int v = 0; v < V; ++v) x[v] = to_compute<C>(pack.v[v]);
-          }
+          load_input<S, V, Flat>(layout, buffers, in.a, base, coord, x);
           break;
         case ElementOp::constant:
 #pragma unroll
@@ -211,34 +180,12 @@ __global__ void __launch_bounds__(threads_per_block, R == small_register_file ? 
   }
 }
 
-// What the launch needs to know of a program: how many inputs it reads and registers it writes.
-struct ProgramUse {
-  int inputs = 0, registers = 0;
-};
-
-ProgramUse use_of(const ElementProgram& program) {
-  ProgramUse use;
-  for (int pc = 0; pc < program.size; ++pc) {
-    const ElementInstruction& in = program.code[pc];
-    if (in.op == ElementOp::input) use.inputs = std::max(use.inputs, in.a + 1);
-    if (in.op != ElementOp::store) use.registers = std::max(use.registers, in.dst + 1);
-  }
-  return use;
-}
-
 template <class S, int V, bool Flat>
 void launch(const Launch& launch, const ElementProgram& program, const ElementLayout& layout,
             const ElementBuffers& buffers, std::int64_t first, std::int64_t chunks) {
   if (chunks == 0) return;
-  const ProgramUse use = use_of(program);
-  const int blocks = launch.blocks_for(chunks, threads_per_block);
-  if (use.registers <= small_register_file) {
-    element_kernel<S, V, Flat, small_register_file><<<blocks, threads_per_block, 0, launch.stream()>>>(
-        program, layout, buffers, use.inputs, first, chunks);
-  } else {
-    element_kernel<S, V, Flat, element_registers><<<blocks, threads_per_block, 0, launch.stream()>>>(
-        program, layout, buffers, use.inputs, first, chunks);
-  }
+  element_kernel<S, V, Flat><<<launch.blocks_for(chunks, threads_per_block), threads_per_block, 0, launch.stream()>>>(
+      program, layout, buffers, first, chunks);
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -262,9 +209,7 @@ void run_element_program(DType dtype, int device, const ElementProgram& program,
   Launch launch_on(device);
   dispatch_float(dtype, "elementwise", [&](auto tag) {
     using S = decltype(tag);
-    // 16-byte accesses for f32/f64; 8-byte ones (4 values) for bf16/f16: 8 values per thread need more registers
-    // than leave the SM well occupied (measured with ptxas: 80+ registers and spills).
-    constexpr int V = std::min<int>(16 / sizeof(S), 4);
+    constexpr int V = 16 / sizeof(S);
     if (!layout.flat) {
       launch<S, 1, false>(launch_on, program, layout, buffers, 0, n);
     } else if (vector_aligned(program, buffers)) {

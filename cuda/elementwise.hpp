@@ -4,8 +4,8 @@
 // host turns an expression (and, for backward, the gradient of each operand) into a short register program
 // (ops/element_program.hpp), and ONE kernel per dtype runs it for every element: loads from the inputs (with
 // broadcast strides), arithmetic in the compute type (f32 for bf16/f16) in registers, stores to the outputs. One
-// launch per expression, forward or backward, whatever its size, with vector loads and stores (16 bytes for
-// f32/f64, 8 for bf16/f16) when every input and output is contiguous and aligned.
+// launch per expression, forward or backward, whatever its size, with 16-byte loads and stores when every input
+// and output is contiguous and aligned.
 #pragma once
 
 #include <cstdint>

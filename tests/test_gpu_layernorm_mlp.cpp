@@ -151,12 +151,26 @@ template <> constexpr Tolerance tolerance<float>{1e-4, 1e-4};
 template <> constexpr Tolerance tolerance<bf16>{5e-2, 5e-2};
 template <> constexpr Tolerance tolerance<f16>{1.5e-2, 1.5e-2};
 
+// Squaring activations double the relative rounding of z and grow a's magnitude, and the weight gradients sum
+// such products over the rows with cancellation: in bf16 their worst elements measured up to 1.15 × the tolerance
+// above on the H200, so they get twice it.
+template <class T> Tolerance tolerance_for(const Case& c) {
+  Tolerance tol = tolerance<T>;
+  const Activation a = c.options.activation;
+  if (std::is_same_v<T, bf16> && (a == Activation::squared_relu || a == Activation::sreglu)) {
+    tol.rtol *= 2;
+    tol.atol *= 2;
+  }
+  return tol;
+}
+
 template <class T> test::Run<T> check_case(const Case& c, std::uint64_t seed) {
   const std::string what = describe(c);
   CAPTURE(what);
   const InputPlan p = plan(c);
   return test::check_values_against_cpu<T>(
-      what, [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, seed), tolerance<T>, seed);
+      what, [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, seed), tolerance_for<T>(c),
+      seed);
 }
 
 }  // namespace
@@ -247,12 +261,15 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU with f32 parameters gives f32 gradi
     const Var<double> yd = block<double, double>(c, xd, ref);
     backward(yd, cast<double>(dy));
 
+    // The f32 parameter gradients are rounded to f32 once: even in f64 compute they are 1 f32 ulp from the double
+    // reference at worst.
+    const Tolerance param_tol{std::max(tolerance<T>.rtol, 1.2e-7), std::max(tolerance<T>.atol, 1.2e-7)};
     test::check_close(y.value().to(Device::cpu()), yd.value(), tolerance<T>);
     test::check_close(x.grad().to(Device::cpu()), xd.grad(), tolerance<T>);
     for (std::size_t k = 0; k < params.size(); ++k) {
       CAPTURE(k);
       CHECK(params[k].grad().device() == test::gpu);
-      test::check_close(params[k].grad().to(Device::cpu()), ref[k].grad(), tolerance<T>);
+      test::check_close(params[k].grad().to(Device::cpu()), ref[k].grad(), param_tol);
     }
     if constexpr (std::is_same_v<T, bf16>) {
       // W1's gradient is rounded once from sums in f32, not from bf16 ones: most of it is no bf16 value.

@@ -46,7 +46,9 @@ const Case softmax_cases[] = {
 // (dy - p·Σ dy: 6e-8·|dy|) and f16's subnormals (spacing 6e-8; probabilities of 1/50257 are subnormal).
 template <class T> constexpr Tolerance softmax_tolerance{};
 template <> constexpr Tolerance softmax_tolerance<double>{1e-10, 1e-12};
-template <> constexpr Tolerance softmax_tolerance<float>{5e-5, 1e-7};  // measured up to 3.2e-5 (lines of 50257)
+// f32, measured on the H200: relative up to 3.2e-5 over lines of 50257; absolute 1.5e-7 where dy - p·Σdy cancels
+// (|dy| up to 4.5 among 150771 draws: 6e-8·|dy| = 2.7e-7).
+template <> constexpr Tolerance softmax_tolerance<float>{5e-5, 5e-7};
 template <> constexpr Tolerance softmax_tolerance<bf16>{1e-2, 1e-7};
 template <> constexpr Tolerance softmax_tolerance<f16>{2e-3, 1e-7};
 
