@@ -8,6 +8,8 @@
 //             compile time), evaluated straight into that leaf's gradient; no intermediate tensor is stored.
 // Broadcasting follows NumPy: shapes are merged to rank <= 4 and broadcast inside the Eigen expression; a
 // broadcast leaf's gradient is reduced to its own shape in the same expression.
+// On a GPU the same tree is compiled into a register program (ops/element_term.hpp) that one kernel runs, forward
+// and, for backward, every needed leaf gradient in one launch.
 //
 // Expressions hold their leaves by value (Var handles share ownership), so keeping one (`auto e = a * b;`) is
 // safe: each evaluation records a fresh node with the right inputs. Mixing dtypes in one expression does not
@@ -330,10 +332,9 @@ template <class E> class GpuExpressionNode final : public Node {
 };
 
 // Evaluates `e` on `device` (a GPU) as one program, and records its node.
-template <class E>
-Var<typename E::element_type> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<typename E::element_type>>>& slots,
-                                              const std::vector<Shape>& shapes, const Shape& output, Device device) {
-  using T = typename E::element_type;
+template <class E, class T = typename E::element_type>
+Var<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
+                       const std::vector<Shape>& shapes, const Shape& output, Device device) {
   const std::string name = describe(e);
   cuda::ElementBuffers buffers;
   for (std::size_t k = 0; k < slots.size(); ++k) buffers.inputs[k] = slots[k]->value.data();
