@@ -1,5 +1,6 @@
-// GPU bandwidth of the elementwise program kernel (and, beside it, the card's own device-to-device copy, the
-// reference): GB/s = bytes the kernel must read and write / median time. Sizes from 1 MiB to 1 GiB per tensor.
+// GPU bandwidth of the elementwise program kernel and of the layernorm kernels (and, beside them, the card's own
+// device-to-device copy, the reference): GB/s = bytes the kernel must read and write / median time. Sizes from
+// 1 MiB to 1 GiB per tensor.
 #include <cstdint>
 #include <string>
 
@@ -59,6 +60,31 @@ template <class T> void backward_group(const char* dtype) {
          }));
 }
 
+// layernorm over rows of 4096: forward reads x and writes y; backward reads x and dy and writes dx (γ, β, the
+// statistics and the dγ/dβ partials are a few rows' worth, not counted).
+template <class T> void layernorm_group(const char* dtype) {
+  using namespace tapegrad;
+  for (const std::int64_t rows : {std::int64_t{1} << 10, std::int64_t{1} << 14, std::int64_t{1} << 16}) {
+    const std::int64_t hidden = 4096, numel = rows * hidden;
+    const double size = static_cast<double>(numel) * sizeof(T);
+    const Tensor<T> x = randn<T>({rows, hidden}, 1, 0, 1, gpu), dy = randn<T>({rows, hidden}, 2, 0, 1, gpu);
+    const Var<T> gamma = constant(randn<T>({hidden}, 3, 1, 0.1, gpu));
+    const Var<T> beta = constant(randn<T>({hidden}, 4, 0, 1, gpu));
+    {
+      NoGradGuard no_grad;
+      report("layernorm forward", dtype, numel, 2 * size,
+             measure_gpu([&] { (void)layernorm(constant(x), gamma, beta); }));
+    }
+    Var<T> xv = param(x);
+    report("layernorm backward", dtype, numel, 3 * size, measure_gpu([&] {
+             Var<T> y = layernorm(xv, gamma, beta);
+             backward(y, dy);
+             xv.zero_grad();
+             Tape::active().clear();
+           }));
+  }
+}
+
 }  // namespace
 
 void gpu_bandwidth() {
@@ -67,6 +93,8 @@ void gpu_bandwidth() {
   elementwise_group<tapegrad::bf16>("bf16");
   backward_group<float>("f32");
   backward_group<tapegrad::bf16>("bf16");
+  layernorm_group<float>("f32");
+  layernorm_group<tapegrad::bf16>("bf16");
 }
 
 }  // namespace bench
