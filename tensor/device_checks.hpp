@@ -35,10 +35,4 @@ void check_same_device([[maybe_unused]] std::string_view op, [[maybe_unused]] co
   (check_device_matches(op, first.device(), ++i, inputs.device()), ...);
 }
 
-// For ops with no GPU path yet: the inputs on one device, and that device the cpu.
-template <class X, class... Xs> void check_cpu_inputs(std::string_view op, const X& first, const Xs&... inputs) {
-  check_same_device(op, first, inputs...);
-  check_on_cpu(op, 0, first.device());
-}
-
 }  // namespace tapegrad
