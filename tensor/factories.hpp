@@ -5,15 +5,10 @@
 //
 // Across devices (the CPU and the GPU compute each element by the same formula, tensor/random_draws.hpp):
 // - rand_uniform and rand_int give bitwise the same tensor on every device, in every dtype.
-// - randn draws z by Box-Muller through logf, cosf and sinf, whose host (glibc) and CUDA versions differ in the
-//   last bits now and then. A GPU's z is within randn_ulp_bound f32 ulps of the cpu's; mean + stddev·z is then one
-//   fma and one rounding to T on each side, so |gpu - cpu| <= |stddev|·randn_ulp_bound·ulp(z) plus an ulp (of f32
-//   and of T) of the value. Most elements are bitwise equal: rounded to bf16 or f16, an element differs only where
-//   the two f32 values straddle a rounding boundary of T.
-//   Measured by running CUDA 13's libdevice logf/sinf/cosf on the host against glibc's: over all 2^24 inputs each,
-//   sqrt(-2·log u) differs by at most 1 ulp, cos by 1, sin by 2 (at 4 inputs); over 4M draws of N(0, 1), 80.6% of
-//   the z are bitwise equal, 16.9% 1 ulp off, 2.4% 2 ulps, 0.09% 3 ulps, none more; in bf16 15 elements differ
-//   (4 per million), in f16 119 (3 per 100,000), each by one ulp of T.
+// - randn draws z by Box-Muller with log, sqrt, cos and sin in double, rounded to f32 once (tensor/philox.hpp). The
+//   host's and CUDA's double functions differ by an ulp or two of a double, so a GPU's z equals the cpu's except
+//   where the two doubles straddle an f32 rounding boundary (a few elements per billion), and is then one f32 ulp
+//   away: within randn_ulp_bound. mean + stddev·z is one fma and one rounding to T on each side.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +38,7 @@ template <class T>
 Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high,
                    Device device = Device::cpu());
 
-// How far a GPU's standard normal draw z may be from the cpu's, in f32 ulps of z (see the top of this file): the
-// measured 3 and a margin, since the 2^48 pairs of uniforms were only sampled.
-inline constexpr int randn_ulp_bound = 4;
+// How far a GPU's standard normal draw z may be from the cpu's, in f32 ulps of z (see the top of this file).
+inline constexpr int randn_ulp_bound = 1;
 
 }  // namespace tapegrad

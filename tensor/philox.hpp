@@ -66,16 +66,17 @@ TAPEGRAD_HOST_DEVICE inline float uniform(std::uint64_t seed, std::uint64_t i) {
   return to_unit_float(bits(seed, i, uniform_stream));
 }
 
-// Standard normal by Box-Muller in f32: elements 2k and 2k+1 are the cosine and sine halves of one pair.
-// log/cos/sin may differ by an ulp or two between host and device libraries (the bound that holds is in
-// tensor/factories.hpp); the uniform inputs, sqrt and the products are bitwise equal.
+// Standard normal by Box-Muller: elements 2k and 2k+1 are the cosine and sine halves of one pair. The uniform
+// inputs are exact f32 values; log, sqrt, cos and sin run in double and z is rounded to f32 once. Host and device
+// libraries differ in the last bits of a double (an ulp or two, 2^-52 relative), so their z agree in f32 except
+// where the two doubles straddle an f32 rounding boundary, and then by one ulp (tensor/factories.hpp).
 TAPEGRAD_HOST_DEVICE inline float normal(std::uint64_t seed, std::uint64_t i) {
   const Block b = block(seed, i / 2, normal_stream);
-  const float u1 = static_cast<float>((b.w[0] >> 8) + 1u) * 0x1p-24f;  // (0, 1]: log stays finite
-  const float u2 = to_unit_float(b.w[1]);
-  const float r = std::sqrt(-2.0f * std::log(u1));
-  const float theta = 6.28318530717958647692f * u2;
-  return (i % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta);
+  const double u1 = static_cast<double>((b.w[0] >> 8) + 1u) * 0x1p-24;  // (0, 1]: log stays finite
+  const double u2 = static_cast<double>(b.w[1] >> 8) * 0x1p-24;
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 6.28318530717958647692 * u2;
+  return static_cast<float>((i % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta));
 }
 
 // Integer in [low, high): multiply-shift of 32 random bits (bias below 2^-32 * range; deterministic everywhere).

@@ -6,8 +6,8 @@
 // Multiply-adds are explicit fmas: compilers contract `a + b·c` into an fma or not as they please (nvcc does by
 // default, g++ does with -march=native on an FMA machine), which would change last bits between devices. With the
 // uniform inputs exact and every operation correctly rounded, uniform and integer draws are bitwise equal on every
-// device; normal draws go through logf, cosf and sinf, which the host's libm and CUDA's compute to within an ulp
-// or two of each other (the bound that holds: tensor/factories.hpp).
+// device; normal draws take log, cos and sin in double, which the host's libm and CUDA's compute to within an ulp
+// or two of a double, and round to f32 once (the bounds that hold: tensor/factories.hpp, tensor/initializers.hpp).
 #pragma once
 
 #include <cmath>

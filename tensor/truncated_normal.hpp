@@ -1,7 +1,8 @@
 // A truncated standard normal by inversion: element i maps the Philox uniform u(seed, i) through the inverse CDF
 // restricted to [lower, upper], so it depends on (seed, i) alone and costs one draw (no rejection loop). Computed in
 // f32 with plain C++ usable from host and device code, like philox.hpp; multiply-adds are explicit fmas, so that
-// no compiler's contraction choice changes a bit (only the device's logf may differ from the host's).
+// no compiler's contraction choice changes a bit. Its one logarithm runs in double and is rounded to f32, so host and
+// device agree except where the two doubles straddle an f32 rounding boundary.
 #pragma once
 
 #include <cmath>
@@ -14,7 +15,7 @@ namespace tapegrad::philox {
 // Inverse error function in f32: M. Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), the
 // single-precision polynomials also used by XLA. Valid for |x| < 1.
 TAPEGRAD_HOST_DEVICE inline float erfinv(float x) {
-  float w = -std::log((1.0f - x) * (1.0f + x));
+  float w = static_cast<float>(-std::log(static_cast<double>((1.0f - x) * (1.0f + x))));
   float p;
   if (w < 5.0f) {
     w -= 2.5f;

@@ -1,5 +1,5 @@
 // Comparing normal draws made on the GPU with the cpu's, within the bounds tensor/factories.hpp and
-// tensor/initializers.hpp state (the GPU's logf, cosf and sinf differ from the host's in the last bits).
+// tensor/initializers.hpp state (the GPU's log, cos and sin differ from the host's in the last bits of a double).
 #pragma once
 
 #include <doctest/doctest.h>
