@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/elementwise.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad.hpp"
 
@@ -40,6 +41,17 @@ template <class T> void elementwise_group(const char* dtype) {
     const Var<T> m = constant(x.reshape({rows, cols})), bias = constant(randn<T>({cols}, 4, 0, 1, gpu));
     report("m + bias[cols]", dtype, numel, 2 * size, measure_gpu([&] { (void)eval(m + bias); }));
   }
+  // The interpreting kernel on the largest size, for comparison with the made kernels above.
+  const std::int64_t numel = std::int64_t{1} << 28;
+  const double size = static_cast<double>(numel) * sizeof(T);
+  const tapegrad::cuda::ElementCompilation previous = tapegrad::cuda::element_compilation();
+  tapegrad::cuda::set_element_compilation(tapegrad::cuda::ElementCompilation::never);
+  const Var<T> a = constant(randn<T>({numel}, 1, 0, 1, gpu)), b = constant(randn<T>({numel}, 2, 0, 1, gpu)),
+               c = constant(randn<T>({numel}, 3, 0, 1, gpu));
+  report("x * 2, interpreted", dtype, numel, 2 * size, measure_gpu([&] { (void)eval(a * 2.0); }));
+  report("a * b + c, interpreted", dtype, numel, 4 * size, measure_gpu([&] { (void)eval(a * b + c); }));
+  report("gelu_tanh(a), interpreted", dtype, numel, 2 * size, measure_gpu([&] { (void)eval(gelu_tanh(a)); }));
+  tapegrad::cuda::set_element_compilation(previous);
 }
 
 // The backward program of a * b + c: reads a, b, dy, writes da, db, dc.

@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "tensor/philox.hpp"  // TAPEGRAD_HOST_DEVICE
+#include "tensor/host_device.hpp"
 
 namespace tapegrad::activation {
 

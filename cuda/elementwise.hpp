@@ -5,25 +5,15 @@
 // (ops/element_term.hpp), and ONE kernel per dtype runs it for every element: loads from the inputs (with
 // broadcast strides), arithmetic in the compute type (f32 for bf16/f16) in registers, stores to the outputs. One
 // launch per expression, forward or backward, whatever its size, with 16-byte loads and stores when every input
-// and output is contiguous and aligned.
+// and output is contiguous and aligned. Large runs get a kernel made for their program instead (see below).
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/element_op.hpp"
 #include "tensor/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
-
-enum class ElementOp : std::uint8_t {
-  input,     // r[dst] = input a at this element
-  constant,  // r[dst] = scalar
-  store,     // output dst at this element = r[a]
-  add, sub, mul, div, pow,                        // r[dst] = r[a] op r[b]
-  neg, exp, log, sqrt, rsqrt, square, abs, sign,  // r[dst] = op(r[a])
-  tanh, sigmoid, relu, relu_grad, squared_relu, squared_relu_grad,
-  swish, swish_grad,  // x·σ(scalar·x) and its derivative
-  gelu_tanh, gelu_tanh_grad, gelu_erf, gelu_erf_grad,
-};
 
 struct ElementInstruction {
   ElementOp op = ElementOp::constant;
@@ -59,6 +49,16 @@ struct ElementBuffers {
   void* outputs[max_element_outputs] = {};
   bool wide[max_element_outputs] = {};
 };
+
+// Which kernel runs a program: one made for it (cuda/element_jit.hpp: compiled by NVRTC once per program shape, then
+// kept; straight-line code, near the card's bandwidth) or the one kernel that interprets every program (no
+// compilation, but about half the bandwidth in bf16/f16). Both give the same bits. By default a run of at least
+// element_compilation_threshold elements gets a made kernel, smaller ones (launch-bound anyway) are interpreted.
+enum class ElementCompilation { large_runs, always, never };
+inline constexpr std::int64_t element_compilation_threshold = std::int64_t{1} << 16;
+// Process-wide, like cuda::set_allow_tf32.
+void set_element_compilation(ElementCompilation mode);
+ElementCompilation element_compilation();
 
 // Runs `program` over the `n` elements of the output index space on `device`'s current stream.
 void run_element_program(DType dtype, int device, const ElementProgram& program, const ElementLayout& layout,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/elementwise.hpp"
 #include "gpu_reference.hpp"
 
 using namespace tapegrad;
@@ -108,6 +109,13 @@ TEST_CASE_TEMPLATE("broadcasting matches the CPU, and broadcast operands get sum
   check_against_cpu<T>("rank 5", mul, {{{2, 3, 1, 5, 2}}, {{3, 4, 1, 1}}}, tol, 6);
   check_against_cpu<T>("bias and scale", affine, {{{64, 48}}, {{48}}, {{64, 1}}}, tol, 7);
   check_against_cpu<T>("empty", mul, {{{0, 33}}, {{33}}}, tol, 8);
+  // About a million elements in rows a multiple of 8 long: every thread of the staged kernel walks several groups
+  // with its copies running ahead, a bias staged and a column read at its instruction. The broadcast gradients
+  // sum 125 to 2000 terms, whose rounding near a cancelling sum needs a wider atol.
+  Tolerance large = tol;
+  large.atol *= 20;
+  check_against_cpu<T>("bias and scale, large", affine, {{{2000, 520}}, {{520}}, {{2000, 1}}}, large, 9);
+  check_against_cpu<T>("middle axis, large", mul, {{{16, 125, 512}}, {{16, 1, 512}}}, large, 10);
 }
 
 TEST_CASE_TEMPLATE("an operand used twice accumulates its gradients on the GPU", T, TAPEGRAD_GPU_DTYPES) {
@@ -151,4 +159,63 @@ TEST_CASE("GPU expressions refuse mixed devices and programs they cannot hold, n
   Var<float> half = nested_exp<10>(small);
   Var<float> z = nested_exp<10>(half);
   CHECK_NOTHROW(backward(z, ones<float>({4}, test::gpu)));
+}
+
+namespace {
+
+// Sets how elementwise programs run for a scope.
+class CompilationMode {
+ public:
+  explicit CompilationMode(cuda::ElementCompilation mode) : previous_(cuda::element_compilation()) {
+    cuda::set_element_compilation(mode);
+  }
+  ~CompilationMode() { cuda::set_element_compilation(previous_); }
+  CompilationMode(const CompilationMode&) = delete;
+  CompilationMode& operator=(const CompilationMode&) = delete;
+
+ private:
+  cuda::ElementCompilation previous_;
+};
+
+// Runs f forward and backward with the interpreting kernel and with kernels made for its programs: same bits.
+template <class T, class F> void check_made_kernels(const std::string& what, F&& f, const std::vector<GpuInput>& inputs,
+                                                   std::uint64_t seed) {
+  INFO(what, " in ", dtype_name(dtype_v<T>));
+  std::vector<Tensor<T>> values;
+  for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(test::draw_input<T>(inputs[k], seed + 101 * k));
+  const auto run = [&](cuda::ElementCompilation mode) {
+    const CompilationMode scope(mode);
+    return test::run_op<T, T>(f, inputs, values, nullptr, test::gpu, seed);
+  };
+  const test::Run<T> interpreted = run(cuda::ElementCompilation::never), made = run(cuda::ElementCompilation::always);
+  CHECK(test::bitwise_equal(made.y, interpreted.y));
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    INFO("gradient of input ", k);
+    if (interpreted.grads[k].defined()) CHECK(test::bitwise_equal(made.grads[k], interpreted.grads[k]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("kernels made for each program give the interpreting kernel's bits, forward and backward", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  // 1003 elements: the made kernel's groups and an interpreted tail; rows of 64 with a bias and a column.
+  const GpuInput any{{1003}}, positive{{1003}, GpuInput::positive};
+  check_made_kernels<T>("a + b", [](const auto& v) { return eval(v[0] + v[1]); }, {any, any}, 1);
+  check_made_kernels<T>("a - b * 3", [](const auto& v) { return eval(v[0] - v[1] * 3.0); }, {any, any}, 2);
+  check_made_kernels<T>("a / b", [](const auto& v) { return eval(v[0] / v[1]); }, {any, positive}, 3);
+  check_made_kernels<T>("pow(a, b)", [](const auto& v) { return eval(pow(v[0], v[1])); }, {positive, any}, 4);
+  check_made_kernels<T>("exp, log, sqrt, rsqrt",
+                        [](const auto& v) { return eval(exp(-v[0]) + log(v[0]) * sqrt(v[0]) - rsqrt(v[0])); },
+                        {positive}, 5);
+  check_made_kernels<T>("square, abs, tanh, sigmoid",
+                        [](const auto& v) { return eval(square(v[0]) + abs(v[0]) * tanh(v[0]) - sigmoid(v[0])); },
+                        {any}, 6);
+  check_made_kernels<T>("relu, gelu, gelu_tanh",
+                        [](const auto& v) { return eval(relu(v[0]) + gelu(v[0]) * gelu_tanh(v[0])); }, {any}, 7);
+  check_made_kernels<T>("silu, quick_gelu, squared_relu",
+                        [](const auto& v) { return eval(silu(v[0]) - quick_gelu(v[0]) + squared_relu(v[0])); }, {any},
+                        8);
+  check_made_kernels<T>("bias and scale rows", [](const auto& v) { return eval(v[0] * v[1] + v[2]); },
+                        {{{40, 64}}, {{64}}, {{40, 1}}}, 9);
 }

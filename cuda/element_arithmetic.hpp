@@ -1,0 +1,62 @@
+// What each arithmetic instruction of an elementwise program computes, on one value of the compute type C (f32 or
+// f64). Written once for the kernel that interprets programs (cuda/elementwise.cu) and for the kernels compiled per
+// program (cuda/element_source.cpp emits calls to it), so that both give the same bits. Plain C++ that NVRTC
+// compiles too: of the standard library it uses only <cmath>'s functions.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/activation_math.hpp"
+#include "cuda/element_op.hpp"
+#include "tensor/host_device.hpp"
+
+namespace tapegrad::cuda {
+
+// x op y for a binary instruction; op(x) for a unary one, whose scalar parameter is s.
+template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmetic(C x, C y, C s) {
+  namespace act = tapegrad::activation;
+  if constexpr (Op == ElementOp::add) return x + y;
+  else if constexpr (Op == ElementOp::sub) return x - y;
+  else if constexpr (Op == ElementOp::mul) return x * y;
+  else if constexpr (Op == ElementOp::div) return x / y;
+  else if constexpr (Op == ElementOp::pow) return std::pow(x, y);
+  else if constexpr (Op == ElementOp::neg) return -x;
+  else if constexpr (Op == ElementOp::exp) return std::exp(x);
+  else if constexpr (Op == ElementOp::log) return std::log(x);
+  else if constexpr (Op == ElementOp::sqrt) return std::sqrt(x);
+  else if constexpr (Op == ElementOp::rsqrt) return C(1) / std::sqrt(x);
+  else if constexpr (Op == ElementOp::square) return x * x;
+  else if constexpr (Op == ElementOp::abs) return std::fabs(x);
+  else if constexpr (Op == ElementOp::sign) return x > C(0) ? C(1) : (x < C(0) ? C(-1) : x);
+  else if constexpr (Op == ElementOp::tanh) return std::tanh(x);
+  else if constexpr (Op == ElementOp::sigmoid) return act::sigmoid(x);
+  else if constexpr (Op == ElementOp::relu) return act::relu<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::relu_grad) {
+    C grad{};
+    act::relu(x, &grad);
+    return grad;
+  } else if constexpr (Op == ElementOp::squared_relu) return act::squared_relu<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::squared_relu_grad) {
+    C grad{};
+    act::squared_relu(x, &grad);
+    return grad;
+  } else if constexpr (Op == ElementOp::swish) return act::swish<C>(x, s, nullptr);
+  else if constexpr (Op == ElementOp::swish_grad) {
+    C grad{};
+    act::swish(x, s, &grad);
+    return grad;
+  } else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::gelu_tanh_grad) {
+    C grad{};
+    act::gelu_tanh(x, &grad);
+    return grad;
+  } else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
+  else {
+    static_assert(Op == ElementOp::gelu_erf_grad, "an arithmetic instruction of cuda/element_op.hpp");
+    C grad{};
+    act::gelu_erf(x, &grad);
+    return grad;
+  }
+}
+
+}  // namespace tapegrad::cuda

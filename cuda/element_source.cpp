@@ -1,0 +1,162 @@
+#include "cuda/element_source.hpp"
+
+#include <sstream>
+
+#include "tensor/error.hpp"
+
+namespace tapegrad::cuda {
+
+namespace {
+
+const char* op_name(ElementOp op) {
+  switch (op) {
+#define TAPEGRAD_OP_NAME(name) \
+  case ElementOp::name: return #name;
+    TAPEGRAD_BINARY_ELEMENT_OPS(TAPEGRAD_OP_NAME) TAPEGRAD_UNARY_ELEMENT_OPS(TAPEGRAD_OP_NAME)
+#undef TAPEGRAD_OP_NAME
+    default: check(false, "elementwise", "instruction ", static_cast<int>(op), " has no arithmetic"); return "";
+  }
+}
+
+bool is_binary(ElementOp op) {
+  switch (op) {
+#define TAPEGRAD_BINARY(name) case ElementOp::name:
+    TAPEGRAD_BINARY_ELEMENT_OPS(TAPEGRAD_BINARY) return true;
+#undef TAPEGRAD_BINARY
+    default: return false;
+  }
+}
+
+// Storage and compute types and the conversions between them: bf16 and f16 are their bits, converted by the
+// instructions CUDA's __bfloat162float, __float2bfloat16_rn, __half2float and __float2half_rn use.
+std::string type_prelude(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "typedef float S;\ntypedef float C;\n"
+             "__device__ __forceinline__ C to_compute(S v) { return v; }\n"
+             "__device__ __forceinline__ S to_storage(C v) { return v; }\n";
+    case DType::f64:
+      return "typedef double S;\ntypedef double C;\n"
+             "__device__ __forceinline__ C to_compute(S v) { return v; }\n"
+             "__device__ __forceinline__ S to_storage(C v) { return v; }\n";
+    case DType::bf16:
+      return "typedef unsigned short S;\ntypedef float C;\n"
+             "__device__ __forceinline__ C to_compute(S v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }\n"
+             "__device__ __forceinline__ S to_storage(C v) {\n"
+             "  S s;\n  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(s) : \"f\"(v));\n  return s;\n}\n";
+    case DType::f16:
+      return "typedef unsigned short S;\ntypedef float C;\n"
+             "__device__ __forceinline__ C to_compute(S v) {\n"
+             "  C c;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(c) : \"h\"(v));\n  return c;\n}\n"
+             "__device__ __forceinline__ S to_storage(C v) {\n"
+             "  S s;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(s) : \"f\"(v));\n  return s;\n}\n";
+    default: check(false, "elementwise", "no GPU kernel for dtype ", dtype_name(dtype)); return "";
+  }
+}
+
+// The parameter structs, laid out as ElementLayout, ElementBuffers and ElementScalars (the sizes are checked).
+std::string parameter_structs() {
+  std::ostringstream s;
+  s << "struct Layout {\n  int rank;\n  long long dims[" << max_element_rank << "];\n  long long strides["
+    << max_element_inputs << "][" << max_element_rank << "];\n  bool flat;\n};\n"
+    << "struct Buffers {\n  const void* inputs[" << max_element_inputs << "];\n  void* outputs["
+    << max_element_outputs << "];\n  bool wide[" << max_element_outputs << "];\n};\n"
+    << "struct Scalars {\n  double value[" << max_element_program << "];\n};\n"
+    << "static_assert(sizeof(Layout) == " << sizeof(ElementLayout) << " && sizeof(Buffers) == "
+    << sizeof(ElementBuffers) << " && sizeof(Scalars) == " << sizeof(ElementScalars)
+    << ", \"the host's parameter structs\");\n"
+    << "template <class T, int N> struct alignas(16) Pack {\n  T v[N];\n};\n";
+  return s.str();
+}
+
+}  // namespace
+
+std::string element_kernel_source(const ElementProgram& program, const ElementKernelForm& form) {
+  const int V = element_kernel_group(form.dtype);
+  const bool wide_differs = form.dtype == DType::bf16 || form.dtype == DType::f16;  // wide values are f32
+  std::ostringstream s;
+  s << "#include \"cuda/element_arithmetic.hpp\"\n"
+    << "using tapegrad::cuda::ElementOp;\nusing tapegrad::cuda::element_arithmetic;\n"
+    << type_prelude(form.dtype) << parameter_structs() << "constexpr int V = " << V << ";\n"
+    << "extern \"C\" __global__ void __launch_bounds__(256) " << element_kernel_name
+    << "(const __grid_constant__ Layout layout, const __grid_constant__ Buffers buffers,\n"
+    << "    const __grid_constant__ Scalars scalars, long long groups) {\n"
+    << "  for (long long g = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; g < groups;\n"
+    << "       g += static_cast<long long>(gridDim.x) * blockDim.x) {\n"
+    << "    const long long base = g * V;\n";
+  if (!form.flat) {
+    s << "    long long coord[" << max_element_rank << "];\n"
+      << "    {\n      long long e = base;\n"
+      << "#pragma unroll\n      for (int d = " << max_element_rank - 1 << "; d > 0; --d) {\n"
+      << "        coord[d] = 0;\n"
+      << "        if (d < layout.rank) {\n          coord[d] = e % layout.dims[d];\n          e /= layout.dims[d];\n"
+      << "        }\n      }\n      coord[0] = e;\n    }\n";
+  }
+  // Every input read once, before any arithmetic: all its loads in flight together.
+  for (int k = 0; k < max_element_inputs; ++k) {
+    const InputRead read = form.inputs[static_cast<std::size_t>(k)];
+    if (read == InputRead::unused) continue;
+    std::ostringstream at;
+    if (form.flat) {
+      at << "base";
+    } else {
+      at << "(0";
+      for (int d = 0; d < max_element_rank; ++d) at << " + coord[" << d << "] * layout.strides[" << k << "][" << d << "]";
+      at << ")";
+    }
+    s << "    C in" << k << "[V];\n    {\n      const S* from = static_cast<const S*>(buffers.inputs[" << k
+      << "]) + " << at.str() << ";\n";
+    if (read == InputRead::vector) {
+      s << "      const Pack<S, V> p = *reinterpret_cast<const Pack<S, V>*>(from);\n"
+        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[v] = to_compute(p.v[v]);\n";
+    } else {
+      s << "      const C x = to_compute(*from);\n"
+        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[v] = x;\n";
+    }
+    s << "    }\n";
+  }
+  // Each instruction's value gets a name of its own; `value[r]` names what register r holds.
+  std::string value[element_registers];
+  for (int pc = 0; pc < program.size; ++pc) {
+    const ElementInstruction& in = program.code[pc];
+    const std::string r = std::string(1, 'r').append(std::to_string(pc));
+    switch (in.op) {
+      case ElementOp::input:
+        check(form.inputs[in.a] != InputRead::unused, "elementwise", "a made kernel reads input ", int{in.a},
+              " that its form leaves unused");
+        value[in.dst] = "in" + std::to_string(in.a);
+        continue;
+      case ElementOp::constant:
+        s << "    C " << r << "[V];\n    {\n      const C c = C(scalars.value[" << pc << "]);\n"
+          << "#pragma unroll\n      for (int v = 0; v < V; ++v) " << r << "[v] = c;\n    }\n";
+        break;
+      case ElementOp::store: {
+        const std::string j = std::to_string(in.dst);
+        if (form.wide[in.dst] && wide_differs) {  // V f32 values, 16 bytes at a time
+          s << "    {\n      Pack<C, 4>* to = reinterpret_cast<Pack<C, 4>*>(static_cast<C*>(buffers.outputs[" << j
+            << "]) + base);\n#pragma unroll\n      for (int h = 0; h < V / 4; ++h) {\n        Pack<C, 4> p;\n"
+            << "#pragma unroll\n        for (int v = 0; v < 4; ++v) p.v[v] = " << value[in.a] << "[4 * h + v];\n"
+            << "        to[h] = p;\n      }\n    }\n";
+        } else {
+          s << "    {\n      Pack<S, V> p;\n#pragma unroll\n      for (int v = 0; v < V; ++v) p.v[v] = to_storage("
+            << value[in.a] << "[v]);\n      *reinterpret_cast<Pack<S, V>*>(static_cast<S*>(buffers.outputs[" << j
+            << "]) + base) = p;\n    }\n";
+        }
+        continue;
+      }
+      default: {
+        const std::string call = std::string("element_arithmetic<ElementOp::") + op_name(in.op) + ", C>(";
+        const std::string args = is_binary(in.op)
+                                     ? value[in.a] + "[v], " + value[in.b] + "[v], C(0)"
+                                     : value[in.a] + "[v], C(0), C(scalars.value[" + std::to_string(pc) + "])";
+        s << "    C " << r << "[V];\n#pragma unroll\n    for (int v = 0; v < V; ++v) " << r << "[v] = " << call
+          << args << ");\n";
+      }
+    }
+    value[in.dst] = r;
+  }
+  s << "  }\n}\n";
+  return s.str();
+}
+
+}  // namespace tapegrad::cuda
