@@ -75,22 +75,27 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
   const int V = element_kernel_group(form.dtype);
   const bool wide_differs = form.dtype == DType::bf16 || form.dtype == DType::f16;  // wide values are f32
   std::ostringstream s;
+  // A thread takes U groups per step, g and g + stride (each warp's accesses stay contiguous), and loads them all
+  // before any arithmetic: U · inputs loads of 32 bytes in flight per thread. Values are arrays of U · V.
   s << "#include \"cuda/element_arithmetic.hpp\"\n"
     << "using tapegrad::cuda::ElementOp;\nusing tapegrad::cuda::element_arithmetic;\n"
-    << type_prelude(form.dtype) << parameter_structs() << "constexpr int V = " << V << ";\n"
+    << type_prelude(form.dtype) << parameter_structs() << "constexpr int V = " << V << ", U = 2, N = U * V;\n"
     << "extern \"C\" __global__ void __launch_bounds__(256) " << element_kernel_name
     << "(const __grid_constant__ Layout layout, const __grid_constant__ Buffers buffers,\n"
     << "    const __grid_constant__ Scalars scalars, long long groups) {\n"
-    << "  for (long long g = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; g < groups;\n"
-    << "       g += static_cast<long long>(gridDim.x) * blockDim.x) {\n"
-    << "    const long long base = g * V;\n";
+    << "  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;\n"
+    << "  for (long long first = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; first < groups;\n"
+    << "       first += U * stride) {\n"
+    << "    long long base[U];\n    bool valid[U];\n"
+    << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n"
+    << "      valid[u] = first + u * stride < groups;\n      base[u] = (first + u * stride) * V;\n    }\n";
   if (!form.flat) {
-    s << "    long long coord[" << max_element_rank << "];\n"
-      << "    {\n      long long e = base;\n"
+    s << "    long long coord[U][" << max_element_rank << "];\n"
+      << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n      long long e = base[u];\n"
       << "#pragma unroll\n      for (int d = " << max_element_rank - 1 << "; d > 0; --d) {\n"
-      << "        coord[d] = 0;\n"
-      << "        if (d < layout.rank) {\n          coord[d] = e % layout.dims[d];\n          e /= layout.dims[d];\n"
-      << "        }\n      }\n      coord[0] = e;\n    }\n";
+      << "        coord[u][d] = 0;\n"
+      << "        if (d < layout.rank) {\n          coord[u][d] = e % layout.dims[d];\n          e /= layout.dims[d];\n"
+      << "        }\n      }\n      coord[u][0] = e;\n    }\n";
   }
   // Every input read once, before any arithmetic: all its loads in flight together.
   for (int k = 0; k < max_element_inputs; ++k) {
@@ -98,20 +103,22 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
     if (read == InputRead::unused) continue;
     std::ostringstream at;
     if (form.flat) {
-      at << "base";
+      at << "base[u]";
     } else {
       at << "(0";
-      for (int d = 0; d < max_element_rank; ++d) at << " + coord[" << d << "] * layout.strides[" << k << "][" << d << "]";
+      for (int d = 0; d < max_element_rank; ++d) {
+        at << " + coord[u][" << d << "] * layout.strides[" << k << "][" << d << "]";
+      }
       at << ")";
     }
-    s << "    C in" << k << "[V];\n    {\n      const S* from = static_cast<const S*>(buffers.inputs[" << k
-      << "]) + " << at.str() << ";\n";
+    s << "    C in" << k << "[N] = {};\n#pragma unroll\n    for (int u = 0; u < U; ++u) {\n      if (!valid[u]) continue;\n"
+      << "      const S* from = static_cast<const S*>(buffers.inputs[" << k << "]) + " << at.str() << ";\n";
     if (read == InputRead::vector) {
       s << "      const Pack<S, V> p = *reinterpret_cast<const Pack<S, V>*>(from);\n"
-        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[v] = to_compute(p.v[v]);\n";
+        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[u * V + v] = to_compute(p.v[v]);\n";
     } else {
       s << "      const C x = to_compute(*from);\n"
-        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[v] = x;\n";
+        << "#pragma unroll\n      for (int v = 0; v < V; ++v) in" << k << "[u * V + v] = x;\n";
     }
     s << "    }\n";
   }
@@ -127,29 +134,31 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
         value[in.dst] = "in" + std::to_string(in.a);
         continue;
       case ElementOp::constant:
-        s << "    C " << r << "[V];\n    {\n      const C c = C(scalars.value[" << pc << "]);\n"
-          << "#pragma unroll\n      for (int v = 0; v < V; ++v) " << r << "[v] = c;\n    }\n";
+        s << "    C " << r << "[N];\n    {\n      const C c = C(scalars.value[" << pc << "]);\n"
+          << "#pragma unroll\n      for (int i = 0; i < N; ++i) " << r << "[i] = c;\n    }\n";
         break;
       case ElementOp::store: {
         const std::string j = std::to_string(in.dst);
+        s << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n      if (!valid[u]) continue;\n";
         if (form.wide[in.dst] && wide_differs) {  // V f32 values, 16 bytes at a time
-          s << "    {\n      Pack<C, 4>* to = reinterpret_cast<Pack<C, 4>*>(static_cast<C*>(buffers.outputs[" << j
-            << "]) + base);\n#pragma unroll\n      for (int h = 0; h < V / 4; ++h) {\n        Pack<C, 4> p;\n"
-            << "#pragma unroll\n        for (int v = 0; v < 4; ++v) p.v[v] = " << value[in.a] << "[4 * h + v];\n"
-            << "        to[h] = p;\n      }\n    }\n";
+          s << "      Pack<C, 4>* to = reinterpret_cast<Pack<C, 4>*>(static_cast<C*>(buffers.outputs[" << j
+            << "]) + base[u]);\n#pragma unroll\n      for (int h = 0; h < V / 4; ++h) {\n        Pack<C, 4> p;\n"
+            << "#pragma unroll\n        for (int v = 0; v < 4; ++v) p.v[v] = " << value[in.a]
+            << "[u * V + 4 * h + v];\n        to[h] = p;\n      }\n";
         } else {
-          s << "    {\n      Pack<S, V> p;\n#pragma unroll\n      for (int v = 0; v < V; ++v) p.v[v] = to_storage("
-            << value[in.a] << "[v]);\n      *reinterpret_cast<Pack<S, V>*>(static_cast<S*>(buffers.outputs[" << j
-            << "]) + base) = p;\n    }\n";
+          s << "      Pack<S, V> p;\n#pragma unroll\n      for (int v = 0; v < V; ++v) p.v[v] = to_storage("
+            << value[in.a] << "[u * V + v]);\n      *reinterpret_cast<Pack<S, V>*>(static_cast<S*>(buffers.outputs["
+            << j << "]) + base[u]) = p;\n";
         }
+        s << "    }\n";
         continue;
       }
       default: {
         const std::string call = std::string("element_arithmetic<ElementOp::") + op_name(in.op) + ", C>(";
         const std::string args = is_binary(in.op)
-                                     ? value[in.a] + "[v], " + value[in.b] + "[v], C(0)"
-                                     : value[in.a] + "[v], C(0), C(scalars.value[" + std::to_string(pc) + "])";
-        s << "    C " << r << "[V];\n#pragma unroll\n    for (int v = 0; v < V; ++v) " << r << "[v] = " << call
+                                     ? value[in.a] + "[i], " + value[in.b] + "[i], C(0)"
+                                     : value[in.a] + "[i], C(0), C(scalars.value[" + std::to_string(pc) + "])";
+        s << "    C " << r << "[N];\n#pragma unroll\n    for (int i = 0; i < N; ++i) " << r << "[i] = " << call
           << args << ");\n";
       }
     }
