@@ -15,6 +15,7 @@
 #include "cuda/norm.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/partial_sums.hpp"
 #include "cuda/rows.cuh"
@@ -161,6 +162,147 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
   }
 }
 
+// ---- rows held in registers: long rows of 16-byte packs, up to P packs per thread --------------------------------
+// The kernels above read a row once per pass (three passes forward, two backward, and backward reads x and dy once
+// more per column for dγ/dβ): the later passes mostly hit L1/L2, but each pass waits for its loads. These keep a
+// row's packs in registers: every load of a row in flight at once, one read of x (and dy) from memory, and backward
+// adds each thread's dγ/dβ columns over its chunk's rows as it goes. A block of cached_threads per row, thread t
+// holding packs t, t + cached_threads, ...: the same columns in every row, so the partials keep the fixed order.
+
+constexpr int cached_threads = 256;
+using CachedGroup = rows::RowGroup<cached_threads>;
+
+// Pack i of this thread's share of a row: its index, or -1 past the row's end.
+__device__ __forceinline__ std::int64_t cached_pack(int i, std::int64_t packs) {
+  const std::int64_t q = threadIdx.x + std::int64_t{i} * cached_threads;
+  return q < packs ? q : -1;
+}
+
+template <class S, int P>
+__global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(ForwardParams<S> p) {
+  using C = compute_of<S>;
+  constexpr int V = rows::wide_pack<S>;
+  const std::int64_t packs = p.hidden / V;
+  const C count = static_cast<C>(p.hidden);
+  for (std::int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const S* x = p.x + r * p.hidden;
+    C v[P][V] = {};
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (const std::int64_t q = cached_pack(i, packs); q >= 0) rows::load(x, q, v[i]);
+    }
+    C mean = 0;
+    if (p.centered) {
+      C sum = 0;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        for (int k = 0; k < V; ++k) sum += v[i][k];  // past the row's end v is 0
+      }
+      mean = CachedGroup::reduce(sum, Sum{}) / count;
+    }
+    C squares = 0;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (cached_pack(i, packs) < 0) continue;
+      for (int k = 0; k < V; ++k) squares += (v[i][k] - mean) * (v[i][k] - mean);
+    }
+    const C rstd = C(1) / rows::sqrt_of(CachedGroup::reduce(squares, Sum{}) / count + p.epsilon);
+    if (threadIdx.x == 0) {
+      if (p.centered && p.mean) p.mean[r] = mean;
+      if (p.rstd) p.rstd[r] = rstd;
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const std::int64_t q = cached_pack(i, packs);
+      if (q < 0) continue;
+      C g[V], b[V] = {};
+      rows::load(p.gamma, q, g);
+      if (p.beta) rows::load(p.beta, q, b);
+      for (int k = 0; k < V; ++k) v[i][k] = (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k];
+      rows::store(p.y + r * p.hidden, q, v[i]);
+    }
+  }
+}
+
+// Two packs per thread fit 3 blocks per SM (rows in flight); four take what they need.
+template <class S, int P>
+__global__ void __launch_bounds__(cached_threads, P == 2 ? 3 : 1) norm_backward_cached_kernel(BackwardParams<S> p) {
+  using C = compute_of<S>;
+  constexpr int V = rows::wide_pack<S>;
+  const std::int64_t packs = p.hidden / V;
+  const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
+  const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
+  const C count = static_cast<C>(p.hidden);
+  C dgamma[P][V] = {}, dbeta[P][V] = {};
+  for (std::int64_t r = first; r < last; ++r) {
+    const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
+    C xhat[P][V] = {}, dy[P][V] = {};
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
+        rows::load(p.x + r * p.hidden, q, xhat[i]);
+        rows::load(p.dy + r * p.hidden, q, dy[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      for (int k = 0; k < V; ++k) xhat[i][k] = (xhat[i][k] - mean) * rstd;
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      for (int k = 0; k < V; ++k) {
+        dgamma[i][k] += dy[i][k] * xhat[i][k];
+        dbeta[i][k] += dy[i][k];
+      }
+    }
+    if (p.dx) {  // dy becomes dx̂ = dy·g, then dx
+      C sum_dxhat = 0, sum_dxhat_xhat = 0;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const std::int64_t q = cached_pack(i, packs);
+        if (q < 0) continue;
+        C g[V];
+        rows::load(p.gamma, q, g);
+        for (int k = 0; k < V; ++k) {
+          dy[i][k] *= g[k] + p.gamma_offset;
+          sum_dxhat += dy[i][k];
+          sum_dxhat_xhat += dy[i][k] * xhat[i][k];
+        }
+      }
+      const C mean_dxhat = p.centered ? CachedGroup::reduce(sum_dxhat, Sum{}) / count : C(0);
+      const C mean_dxhat_xhat = CachedGroup::reduce(sum_dxhat_xhat, Sum{}) / count;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const std::int64_t q = cached_pack(i, packs);
+        if (q < 0) continue;
+        for (int k = 0; k < V; ++k) dy[i][k] = rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat);
+        rows::store(p.dx + r * p.hidden, q, dy[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const std::int64_t q = cached_pack(i, packs);
+    if (q < 0) continue;
+    const std::int64_t at = blockIdx.x * p.hidden + q * V;
+    for (int k = 0; k < V; ++k) {
+      if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[i][k];
+      if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[i][k];
+    }
+  }
+}
+
+// Calls fn(std::integral_constant<int, P>) with the packs per thread that hold a row of n elements of S in registers,
+// or returns false where the cached kernels do not take the row: short rows (a warp each, above), rows that are
+// not read in packs, or rows longer than cached_threads · 4 packs.
+template <class S, class Fn> bool dispatch_cached(std::int64_t n, bool wide, Fn&& fn) {
+  const std::int64_t packs = n / rows::wide_pack<S>;
+  if (!wide || n <= rows::warp_row_limit || packs > 4 * cached_threads) return false;
+  if (packs <= 2 * cached_threads) fn(std::integral_constant<int, 2>{});
+  else fn(std::integral_constant<int, 4>{});
+  return true;
+}
+
 // Rows per backward block: at least 8 (a row per warp in warp mode), and at most 1024 blocks, which bounds the
 // partials and the work of sum_partials. A function of the row count only.
 std::int64_t chunk_rows(std::int64_t rows) { return std::max<std::int64_t>(8, (rows + 1023) / 1024); }
@@ -186,6 +328,12 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
                              problem.centered,
                              problem.zero_centered_gamma ? C(1) : C(0)};
     const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.beta, args.y});
+    const bool cached = dispatch_cached<S>(problem.hidden, wide, [&](auto packs_per_thread) {
+      norm_forward_cached_kernel<S, packs_per_thread()>
+          <<<launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0, launch.stream()>>>(p);
+      TAPEGRAD_CUDA_CHECK_LAUNCH();
+    });
+    if (cached) return;
     rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
       using Config = decltype(config);
       norm_forward_kernel<S, Config>
@@ -225,11 +373,18 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0)};
       const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.dy, args.dx});
-      rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
-        using Config = decltype(config);
-        norm_backward_kernel<S, Config><<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
+      const bool cached = dispatch_cached<S>(problem.hidden, wide, [&](auto packs_per_thread) {
+        norm_backward_cached_kernel<S, packs_per_thread()>
+            <<<static_cast<int>(blocks), cached_threads, 0, launch.stream()>>>(p);
         TAPEGRAD_CUDA_CHECK_LAUNCH();
       });
+      if (!cached) {
+        rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+          using Config = decltype(config);
+          norm_backward_kernel<S, Config><<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
+          TAPEGRAD_CUDA_CHECK_LAUNCH();
+        });
+      }
     }
     if (need_dgamma) sum_partials(problem.dtype, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
     if (need_dbeta) sum_partials(problem.dtype, dbeta_partials, blocks, problem.hidden, args.dbeta, device);

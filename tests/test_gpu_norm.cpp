@@ -40,15 +40,18 @@ template <> constexpr Tolerance tolerance<bf16>{1e-2, 1e-4};
 template <> constexpr Tolerance tolerance<f16>{2e-3, 1e-4};
 
 // Hidden sizes and the path each takes: a warp per row up to 1024 elements, the block above; 16-byte packs where
-// the size is a multiple of a pack (4 f32, 2 f64, 8 bf16/f16), single elements otherwise.
+// the size is a multiple of a pack (4 f32, 2 f64, 8 bf16/f16), single elements otherwise. Block rows of packs are
+// held in registers up to 4 packs per thread (1024 packs), and read pass by pass beyond.
 constexpr std::int64_t hidden_sizes[] = {
     1,     // warp, single elements
     7,     // warp, single elements
     33,    // warp, single elements, more than one element per lane
     64,    // warp, packs
     1000,  // warp, packs, several per lane
-    4096,  // block, packs
+    1536,  // block, packs in registers (2 per thread)
+    4096,  // block, packs in registers (4 per thread in f32, 2 in bf16/f16); f64 pass by pass
     4099,  // block, single elements
+    8192,  // block, packs in registers in bf16/f16 (4 per thread); f32/f64 pass by pass
 };
 constexpr std::int64_t row_counts[] = {0, 1, 5, 1000};
 
@@ -102,7 +105,8 @@ TEST_CASE_TEMPLATE("norms on the GPU take a rank-3 x of many rows, and compute o
 
 TEST_CASE_TEMPLATE("the GPU norm gradients are bitwise the same on every run", T, float, bf16) {
   for (Kind kind : all_kinds) {
-    for (std::int64_t hidden : {std::int64_t{1000}, std::int64_t{4099}}) {  // a warp, and a block, per row
+    // A warp per row; a block with the row in registers; a block pass by pass.
+    for (std::int64_t hidden : {std::int64_t{1000}, std::int64_t{4096}, std::int64_t{4099}}) {
       const std::string op = name(kind);
       CAPTURE(op);
       CAPTURE(hidden);
