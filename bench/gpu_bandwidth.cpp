@@ -3,6 +3,7 @@
 // 1 MiB to 1 GiB per tensor.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/elementwise.hpp"
 #include "gpu_timing.hpp"
@@ -54,22 +55,40 @@ template <class T> void elementwise_group(const char* dtype) {
   tapegrad::cuda::set_element_compilation(previous);
 }
 
-// The backward program of a * b + c: reads a, b, dy, writes da, db, dc.
+// A backward pass alone, timed as forward and backward minus forward (the tape records the forward each time).
+Timing backward_alone(const Timing& both, const Timing& forward) {
+  return {both.median_ns - forward.median_ns, both.min_ns - forward.min_ns, both.reps};
+}
+
+// Forward, forward and backward, and backward alone of y = f(inputs) with the gradient dy.
+template <class T, class F>
+void report_passes(const char* kernel, const char* dtype, std::int64_t numel, double forward_bytes,
+                   double backward_bytes, std::vector<tapegrad::Var<T>> inputs, const tapegrad::Tensor<T>& dy, F&& f) {
+  using namespace tapegrad;
+  const Timing forward = measure_gpu([&] {
+    (void)f(inputs);
+    Tape::active().clear();
+  });
+  const Timing both = measure_gpu([&] {
+    backward(f(inputs), dy);
+    for (Var<T>& v : inputs) v.zero_grad();
+    Tape::active().clear();
+  });
+  const std::string name(kernel);
+  report((name + " forward").c_str(), dtype, numel, forward_bytes, forward);
+  report((name + " forward+backward").c_str(), dtype, numel, forward_bytes + backward_bytes, both);
+  report((name + " backward").c_str(), dtype, numel, backward_bytes, backward_alone(both, forward));
+}
+
+// a * b + c: forward reads a, b, c and writes y; backward (one program) reads a, b, dy and writes da, db, dc.
 template <class T> void backward_group(const char* dtype) {
   using namespace tapegrad;
   const std::int64_t numel = std::int64_t{1} << 26;
   const double size = static_cast<double>(numel) * sizeof(T);
-  const Tensor<T> dy = randn<T>({numel}, 9, 0, 1, gpu);
-  Var<T> a = param(randn<T>({numel}, 1, 0, 1, gpu)), b = param(randn<T>({numel}, 2, 0, 1, gpu)),
-         c = param(randn<T>({numel}, 3, 0, 1, gpu));
-  report("backward of a * b + c", dtype, numel, 6 * size, measure_gpu([&] {
-           Var<T> y = a * b + c;
-           backward(y, dy);
-           a.zero_grad();
-           b.zero_grad();
-           c.zero_grad();
-           Tape::active().clear();
-         }));
+  report_passes<T>("a * b + c", dtype, numel, 4 * size, 6 * size,
+                   {param(randn<T>({numel}, 1, 0, 1, gpu)), param(randn<T>({numel}, 2, 0, 1, gpu)),
+                    param(randn<T>({numel}, 3, 0, 1, gpu))},
+                   randn<T>({numel}, 9, 0, 1, gpu), [](const auto& v) { return Var<T>(v[0] * v[1] + v[2]); });
 }
 
 // layernorm over rows of 4096: forward reads x and writes y; backward reads x and dy and writes dx (γ, β, the
@@ -79,21 +98,11 @@ template <class T> void layernorm_group(const char* dtype) {
   for (const std::int64_t rows : {std::int64_t{1} << 10, std::int64_t{1} << 14, std::int64_t{1} << 16}) {
     const std::int64_t hidden = 4096, numel = rows * hidden;
     const double size = static_cast<double>(numel) * sizeof(T);
-    const Tensor<T> x = randn<T>({rows, hidden}, 1, 0, 1, gpu), dy = randn<T>({rows, hidden}, 2, 0, 1, gpu);
     const Var<T> gamma = constant(randn<T>({hidden}, 3, 1, 0.1, gpu));
     const Var<T> beta = constant(randn<T>({hidden}, 4, 0, 1, gpu));
-    {
-      NoGradGuard no_grad;
-      report("layernorm forward", dtype, numel, 2 * size,
-             measure_gpu([&] { (void)layernorm(constant(x), gamma, beta); }));
-    }
-    Var<T> xv = param(x);
-    report("layernorm backward", dtype, numel, 3 * size, measure_gpu([&] {
-             Var<T> y = layernorm(xv, gamma, beta);
-             backward(y, dy);
-             xv.zero_grad();
-             Tape::active().clear();
-           }));
+    report_passes<T>("layernorm", dtype, numel, 2 * size, 3 * size, {param(randn<T>({rows, hidden}, 1, 0, 1, gpu))},
+                     randn<T>({rows, hidden}, 2, 0, 1, gpu),
+                     [&](const auto& v) { return layernorm(v[0], gamma, beta); });
   }
 }
 
