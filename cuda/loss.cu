@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/elementwise.hpp"
 #include "cuda/softmax_rows.cuh"
 
 namespace tapegrad::cuda {
@@ -65,19 +66,6 @@ __global__ void __launch_bounds__(mse_threads) mse_partials_kernel(const S* pred
   }
   sum = rows::RowGroup<mse_threads>::reduce(sum, Sum{});
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-template <class S>
-__global__ void mse_backward_kernel(const S* pred, const S* target, std::int64_t n, const S* dloss, S* dpred,
-                                    S* dtarget) {
-  using C = compute_of<S>;
-  const C scale = C(2) * to_compute<C>(*dloss) / static_cast<C>(n);
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const C d = to_compute<C>(pred[i]) - to_compute<C>(target[i]);
-    if (dpred) dpred[i] = from_compute<S>(d * scale);
-    if (dtarget) dtarget[i] = from_compute<S>(d * -scale);
-  }
 }
 
 // ---- cross_entropy ------------------------------------------------------------------------------------------------
@@ -240,16 +228,41 @@ void mse_loss_forward(DType dtype, std::int64_t n, const void* pred, const void*
 
 void mse_loss_backward(DType dtype, std::int64_t n, const void* pred, const void* target, const void* dloss,
                        void* dpred, void* dtarget, int device) {
-  if (n == 0 || (!dpred && !dtarget)) return;
-  Launch launch(device);
-  dispatch_float(dtype, "mse_loss", [&](auto tag) {
-    using S = decltype(tag);
-    constexpr int threads = 256;
-    mse_backward_kernel<S><<<launch.blocks_for(n, threads), threads, 0, launch.stream()>>>(
-        static_cast<const S*>(pred), static_cast<const S*>(target), n, static_cast<const S*>(dloss),
-        static_cast<S*>(dpred), static_cast<S*>(dtarget));
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
-  });
+  if (!dpred && !dtarget) return;
+  // An elementwise program, in the CPU's order: d = pred - target and scale = 2 · dloss / n, then d · scale and
+  // d · -scale. dloss is input 2, read at every element through stride 0.
+  enum : std::uint8_t { d, scale, x };                   // registers
+  enum : std::uint8_t { in_pred, in_target, in_dloss };  // inputs
+  ElementProgram program;
+  auto emit = [&](ElementOp op, std::uint8_t dst, std::uint8_t a, std::uint8_t b = 0, double scalar = 0) {
+    program.code[program.size++] = {op, dst, a, b, scalar};
+  };
+  emit(ElementOp::input, d, in_pred);
+  emit(ElementOp::input, x, in_target);
+  emit(ElementOp::sub, d, d, x);
+  emit(ElementOp::input, scale, in_dloss);
+  emit(ElementOp::constant, x, 0, 0, 2.0);
+  emit(ElementOp::mul, scale, x, scale);
+  emit(ElementOp::constant, x, 0, 0, static_cast<double>(n));
+  emit(ElementOp::div, scale, scale, x);
+  ElementBuffers buffers;
+  if (dpred) {
+    emit(ElementOp::mul, x, d, scale);
+    emit(ElementOp::store, 0, x);
+    buffers.outputs[0] = dpred;
+  }
+  if (dtarget) {
+    emit(ElementOp::neg, scale, scale);
+    emit(ElementOp::mul, x, d, scale);
+    emit(ElementOp::store, 1, x);
+    buffers.outputs[1] = dtarget;
+  }
+  buffers.inputs[in_pred] = pred;
+  buffers.inputs[in_target] = target;
+  buffers.inputs[in_dloss] = dloss;
+  // One axis of n elements: pred and target step by 1, dloss by 0.
+  const ElementLayout layout{.rank = 1, .dims = {n}, .strides = {{1}, {1}, {0}}, .flat = false};
+  run_element_program(dtype, device, program, layout, buffers, n);
 }
 
 void cross_entropy_forward(const CrossEntropyProblem& problem, const void* logits, const CrossEntropyTargets& targets,

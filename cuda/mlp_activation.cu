@@ -42,69 +42,56 @@ template <class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, 
 
 constexpr int threads = 256;
 
-template <class S>
-__global__ void forward_kernel(const MlpActivation act, const S* z, S* a, std::int64_t rows, std::int64_t F) {
+// One walk over a's elements for both directions. The forward (Backward = false) is the backward without da and dz:
+// it loads only z, takes no derivatives and always writes a.
+template <class S, bool Backward>
+__global__ void activation_kernel(const MlpActivation act, const S* z, const S* da, S* a, S* dz, std::int64_t rows,
+                                  std::int64_t F) {
   using C = compute_of<S>;
   const int width = act.width();
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * F;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t r = i / F, f = i % F;
-    const S* zr = z + r * width * F;
-    C value = function_of<C>(act, to_compute<C>(zr[f]), nullptr);
-    if (width == 2) value *= gate_of<C>(act, to_compute<C>(zr[F + f]), nullptr);
-    a[i] = from_compute<S>(value);
+    const std::int64_t f = i % F, row = i / F * width * F;  // z's and dz's row
+    const C d = Backward ? to_compute<C>(da[i]) : C(0);
+    C grad, gate_grad;
+    C value = function_of<C>(act, to_compute<C>(z[row + f]), Backward ? &grad : nullptr);
+    if (width == 2) {
+      const C gate = gate_of<C>(act, to_compute<C>(z[row + F + f]), Backward ? &gate_grad : nullptr);
+      if constexpr (Backward) {
+        dz[row + f] = from_compute<S>(d * gate * grad);
+        dz[row + F + f] = from_compute<S>(d * value * gate_grad);
+      }
+      value *= gate;
+    } else if constexpr (Backward) {
+      dz[row + f] = from_compute<S>(d * grad);
+    }
+    if (!Backward || a) a[i] = from_compute<S>(value);
   }
 }
 
-template <class S>
-__global__ void backward_kernel(const MlpActivation act, const S* z, const S* da, S* a, S* dz, std::int64_t rows,
-                                std::int64_t F) {
-  using C = compute_of<S>;
-  const int width = act.width();
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * F;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t r = i / F, f = i % F;
-    const S* zr = z + r * width * F;
-    S* dzr = dz + r * width * F;
-    const C d = to_compute<C>(da[i]);
-    C grad;
-    C value = function_of<C>(act, to_compute<C>(zr[f]), &grad);
-    if (width == 2) {
-      C gate_grad;
-      const C gate = gate_of<C>(act, to_compute<C>(zr[F + f]), &gate_grad);
-      dzr[f] = from_compute<S>(d * gate * grad);
-      dzr[F + f] = from_compute<S>(d * value * gate_grad);
-      value *= gate;
-    } else {
-      dzr[f] = from_compute<S>(d * grad);
-    }
-    if (a) a[i] = from_compute<S>(value);
-  }
+template <class S, bool Backward>
+void launch_activation(int device, const MlpActivation& act, const void* z, const void* da, void* a, void* dz,
+                       std::int64_t rows, std::int64_t F) {
+  if (rows * F == 0) return;
+  Launch launch(device);
+  activation_kernel<S, Backward><<<launch.blocks_for(rows * F, threads), threads, 0, launch.stream()>>>(
+      act, static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(a), static_cast<S*>(dz), rows, F);
+  TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
                             std::int64_t rows, std::int64_t F) {
-  if (rows * F == 0) return;
-  Launch launch(device);
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
-    using S = decltype(tag);
-    forward_kernel<S><<<launch.blocks_for(rows * F, threads), threads, 0, launch.stream()>>>(
-        act, static_cast<const S*>(z), static_cast<S*>(a), rows, F);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    launch_activation<decltype(tag), false>(device, act, z, nullptr, a, nullptr, rows, F);
   });
 }
 
 void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
                              void* a, void* dz, std::int64_t rows, std::int64_t F) {
-  if (rows * F == 0) return;
-  Launch launch(device);
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
-    using S = decltype(tag);
-    backward_kernel<S><<<launch.blocks_for(rows * F, threads), threads, 0, launch.stream()>>>(
-        act, static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(a), static_cast<S*>(dz), rows, F);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    launch_activation<decltype(tag), true>(device, act, z, da, a, dz, rows, F);
   });
 }
 

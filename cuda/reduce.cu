@@ -21,6 +21,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cuda/elementwise.hpp"
 #include "cuda/launch.cuh"
 
 namespace tapegrad::cuda {
@@ -298,13 +299,6 @@ template <class S> __global__ void scatter_kernel(const S* dy, const std::int64_
   }
 }
 
-template <class S> __global__ void divide_kernel(const S* x, compute_of<S> divisor, std::int64_t n, S* y) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    y[i] = from_compute<S>(to_compute<compute_of<S>>(x[i]) / divisor);
-  }
-}
-
 }  // namespace
 
 void sum(DType dtype, const void* x, const Reduction& r, double divisor, void* y, int device) {
@@ -338,16 +332,16 @@ void scatter_to_argmax(DType dtype, const void* dy, const std::int64_t* argmax, 
   });
 }
 
+// An elementwise program over contiguous x and y: the divisor is a constant, rounded to the compute type as the
+// CPU's C(divisor).
 void divide(DType dtype, const void* x, double divisor, void* y, std::int64_t n, int device) {
-  if (n == 0) return;
-  Launch launch(device);
-  dispatch_float(dtype, "mean", [&](auto tag) {
-    using S = decltype(tag);
-    constexpr int threads = 256;
-    divide_kernel<S><<<launch.blocks_for(n, threads), threads, 0, launch.stream()>>>(
-        static_cast<const S*>(x), static_cast<compute_of<S>>(divisor), n, static_cast<S*>(y));
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
-  });
+  const ElementProgram program{.size = 4,
+                               .code = {{ElementOp::input, 0, 0, 0, 0.0},
+                                        {ElementOp::constant, 1, 0, 0, divisor},
+                                        {ElementOp::div, 0, 0, 1, 0.0},
+                                        {ElementOp::store, 0, 0, 0, 0.0}}};
+  run_element_program(dtype, device, program, ElementLayout{.dims = {n}}, ElementBuffers{.inputs = {x}, .outputs = {y}},
+                      n);
 }
 
 }  // namespace tapegrad::cuda

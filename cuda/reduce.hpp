@@ -1,5 +1,5 @@
 // Reductions of device arrays over a set of axes (sum, mean, max with the position of the maximum), and the two
-// small kernels their gradients need. Plain C++ (see cuda/enabled.hpp for how ops call them).
+// small launchers their gradients need. Plain C++ (see cuda/enabled.hpp for how ops call them).
 #pragma once
 
 #include <cstdint>

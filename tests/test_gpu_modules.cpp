@@ -1,7 +1,7 @@
 // Modules on the GPU: parameters created directly on the device (in the dtype asked for, issue 3's regression, and
 // equal to the cpu-created ones: bitwise for constant and uniform initializers, within the documented bound for
-// normal ones), Module::to, and forward and backward of LayerNorm, Dense and LayerNormMLP on the GPU against the
-// cpu in double (tests/gpu_reference.hpp). The forward tests need the GPU paths of matmul, the norms, softmax,
+// normal ones), Module::to, and forward and backward of LayerNorm, Dense, dot_product_attention and LayerNormMLP on
+// the GPU against the cpu in double (tests/gpu_reference.hpp). The forward tests need the GPU paths of matmul, the norms, softmax,
 // layout and elementwise ops.
 #include <doctest/doctest.h>
 
@@ -178,6 +178,18 @@ TEST_CASE_TEMPLATE("Dense forward and backward on the GPU match the cpu in doubl
           return with_parameters(module, v, paths)(v[0]);
         },
         inputs, tolerance<T>, 2);
+  }
+}
+
+// The causal mask is made on the GPU (cuda::fill_triangular): 7 queries and keys, not a multiple of 8.
+TEST_CASE_TEMPLATE("dot_product_attention with and without the causal mask on the GPU matches the cpu in double", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    check_against_cpu<T>(
+        "dot_product_attention",
+        [&](const auto& v) { return nn::dot_product_attention(v[0], v[1], v[2], causal); },
+        {{{2, 7, 16}}, {{2, 7, 16}}, {{2, 7, 5}}}, tolerance<T>, 3);
   }
 }
 

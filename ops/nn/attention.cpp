@@ -4,6 +4,8 @@
 #include <limits>
 #include <vector>
 
+#include "cuda/enabled.hpp"
+#include "cuda/fill.hpp"
 #include "ops/elementwise.hpp"
 #include "ops/layout.hpp"
 #include "ops/matmul.hpp"
@@ -14,12 +16,21 @@ namespace tapegrad::nn {
 
 namespace {
 
-// [Sq, Sk]: 0 where key j may be attended from query i (j <= i), -inf above the diagonal.
-template <class U> Tensor<U> causal_mask(std::int64_t Sq, std::int64_t Sk) {
+// [Sq, Sk] on `device`: 0 where key j may be attended from query i (j <= i), -inf above the diagonal. Filled in
+// place on a GPU (no host copy, which would wait for the stream).
+template <class U> Tensor<U> causal_mask(std::int64_t Sq, std::int64_t Sk, Device device) {
+  constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
+  if constexpr (cuda::enabled) {
+    if (!device.is_cpu()) {
+      Tensor<U> mask({Sq, Sk}, device);
+      cuda::fill_triangular(dtype_v<U>, mask.data(), Sq, Sk, 0.0, minus_infinity, device.index);
+      return mask;
+    }
+  }
   Tensor<U> mask = zeros<U>({Sq, Sk});
-  const U minus_infinity = convert<U>(-std::numeric_limits<double>::infinity());
+  const U above = convert<U>(minus_infinity);
   for (std::int64_t i = 0; i < Sq; ++i) {
-    for (std::int64_t j = i + 1; j < Sk; ++j) mask(i, j) = minus_infinity;
+    for (std::int64_t j = i + 1; j < Sk; ++j) mask(i, j) = above;
   }
   return mask;
 }
@@ -37,7 +48,7 @@ template <class U> Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k
   const double scale = 1.0 / std::sqrt(static_cast<double>(qs.dim(-1)));
   const Var<U> scores = matmul(q, transpose(k));  // [..., Sq, Sk]
   const Var<U> logits =
-      causal ? Var<U>(scores * scale + constant(causal_mask<U>(Sq, Sk).to(q.device()))) : Var<U>(scores * scale);
+      causal ? Var<U>(scores * scale + constant(causal_mask<U>(Sq, Sk, q.device()))) : Var<U>(scores * scale);
   return matmul(softmax(logits, -1), v);
 }
 
