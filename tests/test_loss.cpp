@@ -56,9 +56,10 @@ template <> constexpr Tolerance forward_tolerance<float>{1e-5, 1e-7};
 template <> constexpr Tolerance forward_tolerance<bf16>{8e-3, 1e-7};
 template <> constexpr Tolerance forward_tolerance<f16>{1.5e-3, 1e-7};
 // Gradients against the double backward: the same rounding of values of size 1/N (or 1/numel), with f16
-// subnormals below 6e-5 (hence its atol).
+// subnormals below 6e-5 (hence its atol). Where (p - q)/N cancels, what is left is the rounding of p itself: in f32
+// up to 6e-8 · 1/N, 1e-9 for N = 64 rows (measured 2.2e-10 on a [64, 300] soft cross-entropy).
 template <class T> constexpr Tolerance backward_tolerance{};
-template <> constexpr Tolerance backward_tolerance<float>{1e-5, 1e-10};
+template <> constexpr Tolerance backward_tolerance<float>{1e-5, 1e-9};
 template <> constexpr Tolerance backward_tolerance<bf16>{8e-3, 1e-10};
 template <> constexpr Tolerance backward_tolerance<f16>{1.5e-3, 1e-7};
 
