@@ -70,18 +70,39 @@ std::string parameter_structs() {
   return s.str();
 }
 
+// Whether an instruction is a few machine instructions (no call into CUDA's math library).
+bool is_cheap(ElementOp op) {
+  switch (op) {
+    case ElementOp::add:
+    case ElementOp::sub:
+    case ElementOp::mul:
+    case ElementOp::neg:
+    case ElementOp::square:
+    case ElementOp::abs:
+    case ElementOp::sign:
+    case ElementOp::relu:
+    case ElementOp::relu_grad: return true;
+    default: return false;
+  }
+}
+
 // The values a thread computes per step (a multiple of the group V). 16: enough bytes in flight, while a program
-// that computes keeps its temporaries in registers (measured on the H200: 32 cost bf16 gelu_tanh and m + bias 15 %
-// of the card's bandwidth against 16, and f32 the same bandwidth or less with 8). 32 for a program that is one
-// arithmetic instruction on one input, all memory and no registers to spare (bf16 x * 2: 92 % against 74 %).
+// that computes keeps its temporaries in registers (on the H200, 32 values took bf16 gelu_tanh from 80 % of the
+// card's bandwidth to 69 %; f32 with 8 values is no faster). 32 for a program of one input and one cheap
+// instruction, all memory and few registers (bf16 x * 2: 92 % against 74 %).
 int values_per_step(const ElementProgram& program, int V) {
   int inputs = 0, arithmetic = 0;
+  bool cheap = true;
   for (int pc = 0; pc < program.size; ++pc) {
     const ElementOp op = program.code[pc].op;
-    if (op == ElementOp::input) ++inputs;
-    else if (op != ElementOp::constant && op != ElementOp::store) ++arithmetic;
+    if (op == ElementOp::input) {
+      ++inputs;
+    } else if (op != ElementOp::constant && op != ElementOp::store) {
+      ++arithmetic;
+      cheap = cheap && is_cheap(op);
+    }
   }
-  return std::max(V, inputs <= 1 && arithmetic <= 1 ? 32 : 16);
+  return std::max(V, inputs <= 1 && arithmetic <= 1 && cheap ? 32 : 16);
 }
 
 }  // namespace
