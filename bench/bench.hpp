@@ -69,5 +69,6 @@ void matmul();
 void layernorm_mlp();
 void gpu_matmul();     // builds with CUDA only
 void gpu_bandwidth();  // builds with CUDA only
+void gpu_layernorm_mlp();  // builds with CUDA only
 
 }  // namespace bench

@@ -1,6 +1,7 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
 //   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [gpu_bandwidth] [gpu_matmul]
+//                  [gpu_layernorm_mlp]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
 // OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
@@ -34,11 +35,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
     } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" ||
-               (tapegrad::cuda::enabled && (arg == "gpu_bandwidth" || arg == "gpu_matmul"))) {
+               (tapegrad::cuda::enabled &&
+                (arg == "gpu_bandwidth" || arg == "gpu_matmul" || arg == "gpu_layernorm_mlp"))) {
       groups.insert(arg);
     } else {
       std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]"
-                << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul]" : "") << "\n";
+                << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp]" : "") << "\n";
       return 2;
     }
   }
@@ -59,5 +61,6 @@ int main(int argc, char** argv) {
   if constexpr (tapegrad::cuda::enabled) {
     if (wanted("gpu_bandwidth")) bench::gpu_bandwidth();
     if (wanted("gpu_matmul")) bench::gpu_matmul();
+    if (wanted("gpu_layernorm_mlp")) bench::gpu_layernorm_mlp();
   }
 }

@@ -23,6 +23,7 @@ struct DeviceState {
   cudaStream_t stream = nullptr;
   cudaMemPool_t pool = nullptr;
   std::atomic<std::size_t> in_use{0};
+  std::atomic<std::size_t> peak_in_use{0};  // the most in_use has been since the last reset_peak_memory
 };
 
 DeviceState& state_of(int device) {
@@ -104,7 +105,10 @@ Block device_allocate(std::size_t bytes, int device) {
   if (err != cudaSuccess) {
     throw_cuda_error(err, "cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream)", __FILE__, __LINE__);
   }
-  s.in_use += bytes;
+  const std::size_t now = s.in_use += bytes;
+  std::size_t peak = s.peak_in_use.load();
+  while (now > peak && !s.peak_in_use.compare_exchange_weak(peak, now)) {
+  }
   return {ptr, bytes, device, stream};
 }
 
@@ -169,12 +173,18 @@ MemoryStats memory_stats(int device) {
   DeviceState& s = ready_state(device, "memory_stats");
   MemoryStats stats;
   stats.in_use = s.in_use.load();
+  stats.peak_in_use = s.peak_in_use.load();
   std::uint64_t reserved = 0;
   TAPEGRAD_CUDA_CHECK(cudaMemPoolGetAttribute(s.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
   stats.reserved = reserved;
   OnDevice on(device);
   TAPEGRAD_CUDA_CHECK(cudaMemGetInfo(&stats.device_free, &stats.device_total));
   return stats;
+}
+
+void reset_peak_memory(int device) {
+  DeviceState& s = ready_state(device, "reset_peak_memory");
+  s.peak_in_use = s.in_use.load();
 }
 
 }  // namespace tapegrad::cuda

@@ -70,10 +70,13 @@ class StreamGuard {
 
 struct MemoryStats {
   std::size_t in_use = 0;        // bytes of the live blocks tapegrad allocated on the device
+  std::size_t peak_in_use = 0;   // the most in_use has been since the process began or reset_peak_memory
   std::size_t reserved = 0;      // bytes the device's pool holds from the driver: in use plus cached
   std::size_t device_free = 0;   // free bytes of the device, as the driver reports them
   std::size_t device_total = 0;  // the device's total memory
 };
 MemoryStats memory_stats(int device);
+// Starts a new peak: peak_in_use becomes the bytes in use now (to measure what a step needs beyond its inputs).
+void reset_peak_memory(int device);
 
 }  // namespace tapegrad::cuda

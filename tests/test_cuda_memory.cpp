@@ -86,6 +86,23 @@ TEST_CASE("memory in use grows by what tensors hold, returns when they die, and 
   CHECK(after.reserved == during.reserved);  // a synchronize does not hand cached memory back to the driver
 }
 
+TEST_CASE("the peak of memory in use covers what a step held at its most, and restarts from the memory in use") {
+  const Tensor<float> kept({1024}, gpu);
+  cuda::reset_peak_memory(0);
+  const std::size_t start = cuda::memory_stats(0).in_use;
+  CHECK(cuda::memory_stats(0).peak_in_use == start);
+  {
+    const Tensor<float> a({4096}, gpu);
+    { const Tensor<double> b({2048}, gpu); }  // 16 KiB at once with a
+  }
+  const Tensor<float> c({1000}, gpu);  // less than the step's most
+  const cuda::MemoryStats after = cuda::memory_stats(0);
+  CHECK(after.peak_in_use == start + 4096 * sizeof(float) + 2048 * sizeof(double));
+  CHECK(after.in_use == start + 1000 * sizeof(float));
+  cuda::reset_peak_memory(0);
+  CHECK(cuda::memory_stats(0).peak_in_use == after.in_use);
+}
+
 TEST_CASE("asking for more memory than the GPU has throws OutOfMemoryError, and the GPU stays usable") {
   // Some cached memory first: the failed allocation must hand it back to the driver before giving up.
   constexpr std::size_t cached_bytes = std::size_t{256} << 20;

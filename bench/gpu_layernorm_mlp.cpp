@@ -1,0 +1,102 @@
+// GPU: the layernorm_mlp node on the configurations of issue 5, which ../shared/gpu/peer_bench.py times for the
+// peers (PyTorch eager, torch.compile, JAX jit, the six GEMMs alone) on the same math and shapes: bf16, epsilon
+// 1e-5, LN + GELU (tanh) with biases, or RMSNorm + SwiGLU without. For each: the recorded forward (as in
+// training), forward + backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on
+// the GEMM flops (forward 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward +
+// backward step: the most tapegrad held during it beyond what was held before (inputs and parameters), gradients
+// included, as the peers' peak_extra_mib.
+#include <cmath>
+#include <string>
+
+#include "cuda/memory.hpp"
+#include "gpu_timing.hpp"
+#include "tapegrad.hpp"
+
+namespace bench {
+
+namespace {
+
+using namespace tapegrad;
+
+struct Config {
+  const char* name;
+  std::int64_t M, H, F;
+  const char* kind;  // peer_bench.py's name for the block
+  NormType norm;
+  Activation activation;
+  bool biases;
+};
+constexpr Config configs[] = {
+    {"small", 256, 256, 1024, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    {"gpt_1k", 4096, 1024, 4096, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    {"gpt_4k", 8192, 4096, 16384, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    {"llama_4k", 8192, 4096, 11008, "rms_swiglu", NormType::rmsnorm, Activation::swiglu, false},
+};
+
+void run_config(const Config& c) {
+  const Device gpu = Device::cuda(0);
+  const std::int64_t n = activation_width(c.activation);
+  const bool layernorm = c.norm == NormType::layernorm;
+  const Var<bf16> x = param(randn<bf16>({c.M, c.H}, 1, 0.0, 1.0, gpu));
+  const Var<bf16> gamma = param(randn<bf16>({c.H}, 2, 1.0, 0.1, gpu));
+  const Var<bf16> beta = layernorm ? param(randn<bf16>({c.H}, 3, 0.0, 0.1, gpu)) : Var<bf16>();
+  const MLPKernels<bf16> kernels{param(randn<bf16>({c.H, n, c.F}, 4, 0.0, 1.0 / std::sqrt(double(c.H)), gpu)),
+                                 param(randn<bf16>({c.F, c.H}, 5, 0.0, 1.0 / std::sqrt(double(c.F)), gpu))};
+  const MLPBiases<bf16> biases = c.biases ? MLPBiases<bf16>{param(randn<bf16>({n, c.F}, 6, 0.0, 0.1, gpu)),
+                                                            param(randn<bf16>({c.H}, 7, 0.0, 0.1, gpu))}
+                                          : MLPBiases<bf16>{};
+  const Tensor<bf16> dy = randn<bf16>({c.M, c.H}, 8, 0.0, 1.0, gpu);
+  const LayerNormMLPOptions options{.norm = c.norm, .epsilon = 1e-5, .activation = c.activation};
+
+  const auto forward = [&] { return layernorm_mlp(x, gamma, beta, kernels, biases, options).y; };
+  const auto step = [&] {
+    backward(forward(), dy);
+    for (Var<bf16> v : {x, gamma, beta, kernels.w1, kernels.w2, biases.b1, biases.b2}) {
+      if (v.defined()) v.zero_grad();
+    }
+    Tape::active().clear();
+  };
+  const std::vector<Timing> t = measure_gpu({[&] {
+                                               (void)forward();
+                                               Tape::active().clear();
+                                             },
+                                             step});
+  // The peak of one more step, after the timed ones left the pool warm.
+  cuda::synchronize(0);
+  cuda::reset_peak_memory(0);
+  const std::size_t before = cuda::memory_stats(0).in_use;
+  step();
+  cuda::synchronize(0);
+  const double peak_extra_mib = static_cast<double>(cuda::memory_stats(0).peak_in_use - before) / (1 << 20);
+
+  const double gemm_flops = (n == 2 ? 18.0 : 12.0) * double(c.M) * double(c.H) * double(c.F);
+  const Timing backward_alone{t[1].median_ns - t[0].median_ns, t[1].min_ns - t[0].min_ns, t[1].reps};
+  const struct {
+    const char* mode;
+    const Timing& timing;
+    double flops;
+  } modes[] = {{"forward", t[0], gemm_flops / 3}, {"forward_backward", t[1], gemm_flops},
+               {"backward", backward_alone, gemm_flops * 2 / 3}};
+  for (const auto& m : modes) {
+    JsonLine line("gpu_layernorm_mlp");
+    line.str("config", c.name)
+        .num("M", double(c.M))
+        .num("H", double(c.H))
+        .num("F", double(c.F))
+        .str("kind", c.kind)
+        .str("mode", m.mode)
+        .num("median_ms", m.timing.median_ns * 1e-6)
+        .num("tflops", m.flops / m.timing.median_ns * 1e-3)
+        .timing(m.timing);
+    if (std::string(m.mode) == "forward_backward") line.num("peak_extra_mib", peak_extra_mib);
+  }
+}
+
+}  // namespace
+
+void gpu_layernorm_mlp() {
+  if (!gpu_available("gpu_layernorm_mlp")) return;
+  for (const Config& c : configs) run_config(c);
+}
+
+}  // namespace bench

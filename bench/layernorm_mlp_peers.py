@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The layernorm_mlp node against its peers on one GPU: a markdown table (stdout) and, with --png, a chart.
+
+usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer_bench.py JSON lines> [--png F]
+
+Both files come from the same run on the same GPU (issue 5's rule). The peers time forward + backward of the
+same block; the table sets tapegrad's forward + backward beside them, as milliseconds, as a ratio to JAX jit, as
+TFLOP/s on the GEMM flops, and peak extra memory against PyTorch eager's.
+"""
+import json
+import sys
+
+PEERS = ["gemm_floor", "torch_eager", "torch_compile", "jax_jit"]
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.startswith("{")]
+
+
+def main(argv):
+    png = None
+    if "--png" in argv:
+        i = argv.index("--png")
+        png = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    ours = [r for r in read(argv[0]) if r.get("group") == "gpu_layernorm_mlp" and "config" in r]
+    peers = [r for r in read(argv[1]) if "median_ms" in r]
+    configs = [r["config"] for r in ours if r["mode"] == "forward_backward"]
+    peer_ms = {(r["config"], r["system"]): r for r in peers}
+    mine = {(r["config"], r["mode"]): r for r in ours}
+
+    print("| config (M, H, F, block) | tapegrad fwd / bwd / fwd+bwd ms | " + " | ".join(f"{p} ms" for p in PEERS)
+          + " | tapegrad / JAX | TFLOP/s | peak extra MiB: tapegrad / torch eager |")
+    print("|" + "---|" * (5 + len(PEERS)))
+    for c in configs:
+        both = mine[(c, "forward_backward")]
+        fwd, bwd = mine[(c, "forward")], mine[(c, "backward")]
+        cells = [f"{c} ({both['M']:.0f}, {both['H']:.0f}, {both['F']:.0f}, {both['kind']})",
+                 f"{fwd['median_ms']:.3f} / {bwd['median_ms']:.3f} / {both['median_ms']:.3f}"]
+        cells += [f"{peer_ms[(c, p)]['median_ms']:.3f}" if (c, p) in peer_ms else "—" for p in PEERS]
+        jax = peer_ms.get((c, "jax_jit"))
+        cells.append(f"{both['median_ms'] / jax['median_ms']:.2f}" if jax else "—")
+        cells.append(f"{both['tflops']:.0f}")
+        eager = peer_ms.get((c, "torch_eager"))
+        cells.append(f"{both['peak_extra_mib']:.0f} / {eager['peak_extra_mib']:.0f}" if eager else "—")
+        print("| " + " | ".join(cells) + " |")
+
+    if png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        systems = ["tapegrad"] + PEERS
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(systems)
+        for k, s in enumerate(systems):
+            ratios = []
+            for c in configs:
+                jax = peer_ms.get((c, "jax_jit"))
+                ms = mine[(c, "forward_backward")]["median_ms"] if s == "tapegrad" else \
+                    peer_ms.get((c, s), {}).get("median_ms")
+                ratios.append(ms / jax["median_ms"] if jax and ms else 0)
+            ax.bar([i + k * width for i in range(len(configs))], ratios, width, label=s)
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(configs))], configs)
+        ax.set_ylabel("forward + backward time / JAX jit")
+        ax.set_title("layernorm_mlp, bf16, one GPU (lower is faster)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
