@@ -1,10 +1,11 @@
-// The elementwise program interpreter (see elementwise.hpp). Each thread runs the whole program for V adjacent
-// elements at a time: the registers are C r[8][V] held in machine registers (every index into them is a
-// compile-time constant after the switches below), so a program costs one uniform branch per instruction and
-// V arithmetic operations. The program, layout and pointers are __grid_constant__ kernel parameters: indexed at
-// run time, they are read from the constant bank instead of being copied to each thread's local memory.
+// The elementwise program interpreter (see elementwise.hpp), and the dispatch between it and the kernels made per
+// program (cuda/element_jit.hpp, for large runs). The interpreter runs the whole program for a group of adjacent
+// elements per thread: the registers are C r[R][W] held in machine registers (every index into them is a
+// compile-time constant after the switches below), so a program costs one uniform branch per instruction and W
+// arithmetic operations. The program, layout and pointers are __grid_constant__ kernel parameters: indexed at run
+// time, they are read from the constant bank instead of being copied to each thread's local memory.
 //
-// Those registers make the kernel heavy (70-130 machine registers: a third of the SM's threads), and an input is
+// Those registers make the kernel heavy (about 80 machine registers: a third of the SM's threads), and an input is
 // needed only when its instruction comes, so loading it there leaves one load in flight per thread: half the
 // card's bandwidth. The main (staged) kernel therefore copies the inputs of the next few groups into shared
 // memory with cp.async while it interprets the current one: a program reads its inputs from shared memory, and

@@ -8,8 +8,9 @@
 //             compile time), evaluated straight into that leaf's gradient; no intermediate tensor is stored.
 // Broadcasting follows NumPy: shapes are merged to rank <= 4 and broadcast inside the Eigen expression; a
 // broadcast leaf's gradient is reduced to its own shape in the same expression.
-// On a GPU the same tree is compiled into a register program (ops/element_term.hpp) that one kernel runs, forward
-// and, for backward, every needed leaf gradient in one launch.
+// On a GPU the same tree is compiled into a register program (ops/element_term.hpp) that one launch runs (a kernel
+// made for the program, or the interpreting one: cuda/elementwise.hpp), forward and, for backward, every needed
+// leaf gradient at once.
 //
 // Expressions hold their leaves by value (Var handles share ownership), so keeping one (`auto e = a * b;`) is
 // safe: each evaluation records a fresh node with the right inputs. Mixing dtypes in one expression does not
