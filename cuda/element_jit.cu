@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -63,11 +64,24 @@ class NvrtcProgram {
   nvrtcProgram program_ = nullptr;
 };
 
-std::string architecture(int device) {
+// The device's compute capability as a number, 90 for sm_90.
+int capability(int device) {
   int major = 0, minor = 0;
   TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return "sm_" + std::to_string(major) + std::to_string(minor);
+  return 10 * major + minor;
+}
+
+// Whether this NVRTC can compile for the architecture (a GPU newer than the toolkit cannot get made kernels).
+bool nvrtc_supports(int arch) {
+  static const std::vector<int> supported = [] {
+    int count = 0;
+    check_nvrtc(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
+    std::vector<int> archs(static_cast<std::size_t>(count));
+    check_nvrtc(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs");
+    return archs;
+  }();
+  return std::find(supported.begin(), supported.end(), arch) != supported.end();
 }
 
 // A program's shape: its instructions without their scalars.
@@ -115,7 +129,9 @@ std::vector<char> compile_element_kernel(const std::string& source, const std::s
 const void* element_kernel(const ElementProgram& program, const ElementKernelForm& form, int device) {
   static std::mutex mutex;
   static std::map<Key, cudaKernel_t> kernels;  // their libraries stay loaded for the process
-  const Key key{instructions_key(program), form.dtype, form.flat, form.inputs, form.wide, architecture(device)};
+  const int arch = capability(device);
+  if (!nvrtc_supports(arch)) return nullptr;
+  const Key key{instructions_key(program), form.dtype, form.flat, form.inputs, form.wide, "sm_" + std::to_string(arch)};
   const std::lock_guard<std::mutex> lock(mutex);
   if (const auto found = kernels.find(key); found != kernels.end()) return reinterpret_cast<const void*>(found->second);
   const std::vector<char> cubin = compile_element_kernel(element_kernel_source(program, form), key.arch);

@@ -15,7 +15,8 @@ namespace tapegrad::cuda {
 std::vector<char> compile_element_kernel(const std::string& source, const std::string& arch);
 
 // The kernel made for `program` in `form`, for `device`'s architecture (compiled on first use, thread-safe), as
-// the handle cudaLaunchKernel takes.
+// the handle cudaLaunchKernel takes; null where this NVRTC cannot compile for that architecture (the interpreter
+// runs the program then).
 const void* element_kernel(const ElementProgram& program, const ElementKernelForm& form, int device);
 
 }  // namespace tapegrad::cuda

@@ -395,6 +395,7 @@ bool run_made(const Launch& launch, DType dtype, const ElementProgram& program, 
     if (in.op == ElementOp::store) form.wide[in.dst] = buffers.wide[in.dst];
   }
   const void* kernel = element_kernel(program, form, launch.device());
+  if (kernel == nullptr) return false;
   long long groups = n / V;
   if (groups > 0) {
     void* args[] = {const_cast<ElementLayout*>(&layout), const_cast<ElementBuffers*>(&buffers), &scalars, &groups};
