@@ -12,6 +12,13 @@
 
 namespace tapegrad::cuda {
 
+// The derivative an activation of activation_math.hpp stores through its `grad` pointer.
+template <class C, class F> TAPEGRAD_HOST_DEVICE inline C derivative(F&& with_grad) {
+  C grad{};
+  with_grad(&grad);
+  return grad;
+}
+
 // x op y for a binary instruction; op(x) for a unary one, whose scalar parameter is s.
 template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmetic(C x, C y, C s) {
   namespace act = tapegrad::activation;
@@ -31,31 +38,17 @@ template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmeti
   else if constexpr (Op == ElementOp::tanh) return std::tanh(x);
   else if constexpr (Op == ElementOp::sigmoid) return act::sigmoid(x);
   else if constexpr (Op == ElementOp::relu) return act::relu<C>(x, nullptr);
-  else if constexpr (Op == ElementOp::relu_grad) {
-    C grad{};
-    act::relu(x, &grad);
-    return grad;
-  } else if constexpr (Op == ElementOp::squared_relu) return act::squared_relu<C>(x, nullptr);
-  else if constexpr (Op == ElementOp::squared_relu_grad) {
-    C grad{};
-    act::squared_relu(x, &grad);
-    return grad;
-  } else if constexpr (Op == ElementOp::swish) return act::swish<C>(x, s, nullptr);
-  else if constexpr (Op == ElementOp::swish_grad) {
-    C grad{};
-    act::swish(x, s, &grad);
-    return grad;
-  } else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<C>(x, nullptr);
-  else if constexpr (Op == ElementOp::gelu_tanh_grad) {
-    C grad{};
-    act::gelu_tanh(x, &grad);
-    return grad;
-  } else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::relu_grad) return derivative<C>([&](C* g) { act::relu(x, g); });
+  else if constexpr (Op == ElementOp::squared_relu) return act::squared_relu<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::squared_relu_grad) return derivative<C>([&](C* g) { act::squared_relu(x, g); });
+  else if constexpr (Op == ElementOp::swish) return act::swish<C>(x, s, nullptr);
+  else if constexpr (Op == ElementOp::swish_grad) return derivative<C>([&](C* g) { act::swish(x, s, g); });
+  else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::gelu_tanh_grad) return derivative<C>([&](C* g) { act::gelu_tanh(x, g); });
+  else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
   else {
     static_assert(Op == ElementOp::gelu_erf_grad, "an arithmetic instruction of cuda/element_op.hpp");
-    C grad{};
-    act::gelu_erf(x, &grad);
-    return grad;
+    return derivative<C>([&](C* g) { act::gelu_erf(x, g); });
   }
 }
 
