@@ -83,7 +83,7 @@ void report_passes(const char* kernel, const char* dtype, std::int64_t numel, do
 // a * b + c: forward reads a, b, c and writes y; backward (one program) reads a, b, dy and writes da, db, dc.
 template <class T> void backward_group(const char* dtype) {
   using namespace tapegrad;
-  const std::int64_t numel = std::int64_t{1} << 26;
+  const std::int64_t numel = std::int64_t{1} << 28;  // as the largest forward, to compare with the same copy
   const double size = static_cast<double>(numel) * sizeof(T);
   report_passes<T>("a * b + c", dtype, numel, 4 * size, 6 * size,
                    {param(randn<T>({numel}, 1, 0, 1, gpu)), param(randn<T>({numel}, 2, 0, 1, gpu)),

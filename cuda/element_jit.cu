@@ -96,15 +96,12 @@ std::string instructions_key(const ElementProgram& program) {
 
 struct Key {
   std::string instructions;
-  DType dtype;
-  bool flat;
-  std::array<InputRead, max_element_inputs> inputs;
-  std::array<bool, max_element_outputs> wide;
+  ElementKernelForm form;
   std::string arch;
 
   bool operator<(const Key& o) const {
-    return std::tie(instructions, dtype, flat, inputs, wide, arch) <
-           std::tie(o.instructions, o.dtype, o.flat, o.inputs, o.wide, o.arch);
+    return std::tie(instructions, form.dtype, form.flat, form.rank, form.narrow, form.inputs, form.wide, arch) <
+           std::tie(o.instructions, o.form.dtype, o.form.flat, o.form.rank, o.form.narrow, o.form.inputs, o.form.wide, o.arch);
   }
 };
 
@@ -131,7 +128,7 @@ const void* element_kernel(const ElementProgram& program, const ElementKernelFor
   static std::map<Key, cudaKernel_t> kernels;  // their libraries stay loaded for the process
   const int arch = capability(device);
   if (!nvrtc_supports(arch)) return nullptr;
-  const Key key{instructions_key(program), form.dtype, form.flat, form.inputs, form.wide, "sm_" + std::to_string(arch)};
+  const Key key{instructions_key(program), form, "sm_" + std::to_string(arch)};
   const std::lock_guard<std::mutex> lock(mutex);
   if (const auto found = kernels.find(key); found != kernels.end()) return reinterpret_cast<const void*>(found->second);
   const std::vector<char> cubin = compile_element_kernel(element_kernel_source(program, form), key.arch);

@@ -86,53 +86,58 @@ bool is_cheap(ElementOp op) {
   }
 }
 
-// The values a thread computes per step (a multiple of the group V). 16: enough bytes in flight, while a program
-// that computes keeps its temporaries in registers (on the H200, 32 values took bf16 gelu_tanh from 80 % of the
-// card's bandwidth to 69 %; f32 with 8 values is no faster). 32 for a program of one input and one cheap
-// instruction, all memory and few registers (bf16 x * 2: 92 % against 74 %).
+// The values a thread computes per step (a multiple of the 16-byte group V). A program of cheap instructions over
+// at most two inputs takes four groups (64 bytes of each input in flight per thread: bf16 `x * 2` went from 74 % of
+// the card's bandwidth to 92 % on the H200); others 16 values, which keeps a computing program's temporaries in
+// registers (bf16 gelu_tanh at 32 values: 80 % → 69 %; f32 at 8 values is no faster).
 int values_per_step(const ElementProgram& program, int V) {
-  int inputs = 0, arithmetic = 0;
+  int inputs = 0;
   bool cheap = true;
   for (int pc = 0; pc < program.size; ++pc) {
     const ElementOp op = program.code[pc].op;
     if (op == ElementOp::input) {
       ++inputs;
     } else if (op != ElementOp::constant && op != ElementOp::store) {
-      ++arithmetic;
       cheap = cheap && is_cheap(op);
     }
   }
-  return std::max(V, inputs <= 1 && arithmetic <= 1 && cheap ? 32 : 16);
+  return cheap && inputs <= 2 ? std::max(4 * V, 16) : 16;
 }
 
 }  // namespace
 
 std::string element_kernel_source(const ElementProgram& program, const ElementKernelForm& form) {
+  check(form.flat || (form.rank >= 1 && form.rank <= max_element_rank), "elementwise",
+        "a made kernel for rows needs a rank from 1 to ", max_element_rank, ", not ", form.rank);
   const int V = element_kernel_group(form.dtype);
   const bool wide_differs = form.dtype == DType::bf16 || form.dtype == DType::f16;  // wide values are f32
   std::ostringstream s;
-  // A thread takes U groups per step, g and g + stride (each warp's accesses stay contiguous), and loads them all
-  // before any arithmetic: U · inputs loads of 32 bytes in flight per thread. Values are arrays of N = U · V.
+  // A thread takes U groups per step, g and g + stride (each warp's accesses stay contiguous, every 32-byte sector
+  // written whole by one store instruction), and loads them all before any arithmetic: U · inputs loads of 16 bytes
+  // in flight per thread. Values are arrays of N = U · V. Indices are 32-bit where the form allows (cheaper
+  // division for broadcast rows, fewer registers).
   s << "#include \"cuda/element_arithmetic.hpp\"\n"
     << "using tapegrad::cuda::ElementOp;\nusing tapegrad::cuda::element_arithmetic;\n"
     << type_prelude(form.dtype) << parameter_structs() << "constexpr int V = " << V
-    << ", U = " << values_per_step(program, V) / V << ", N = U * V;\n"
+    << ", U = " << values_per_step(program, V) / V << ", N = U * V;\nusing I = " << (form.narrow ? "int" : "long long")
+    << ";\n"
     << "extern \"C\" __global__ void __launch_bounds__(256) " << element_kernel_name
     << "(const __grid_constant__ Layout layout, const __grid_constant__ Buffers buffers,\n"
     << "    const __grid_constant__ Scalars scalars, long long groups) {\n"
-    << "  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;\n"
-    << "  for (long long first = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; first < groups;\n"
-    << "       first += U * stride) {\n"
-    << "    long long base[U];\n    bool valid[U];\n"
+    << "  const I stride = static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);\n"
+    << "  for (I first = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);\n"
+    << "       first < groups; first += U * stride) {\n"
+    << "    I base[U];\n    bool valid[U];\n"
     << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n"
     << "      valid[u] = first + u * stride < groups;\n      base[u] = (first + u * stride) * V;\n    }\n";
-  if (!form.flat) {
-    s << "    long long coord[U][" << max_element_rank << "];\n"
-      << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n      long long e = base[u];\n"
-      << "#pragma unroll\n      for (int d = " << max_element_rank - 1 << "; d > 0; --d) {\n"
-      << "        coord[u][d] = 0;\n"
-      << "        if (d < layout.rank) {\n          coord[u][d] = e % layout.dims[d];\n          e /= layout.dims[d];\n"
-      << "        }\n      }\n      coord[u][0] = e;\n    }\n";
+  if (!form.flat) {  // each group's coordinates, for the form's rank (no loop over unused axes)
+    s << "    I coord[U][" << form.rank << "];\n"
+      << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n      I e = base[u];\n";
+    for (int d = form.rank - 1; d > 0; --d) {
+      s << "      coord[u][" << d << "] = e % static_cast<I>(layout.dims[" << d << "]);\n"
+        << "      e /= static_cast<I>(layout.dims[" << d << "]);\n";
+    }
+    s << "      coord[u][0] = e;\n    }\n";
   }
   // Every input read once, before any arithmetic: all its loads in flight together.
   for (int k = 0; k < max_element_inputs; ++k) {
@@ -143,8 +148,8 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
       at << "base[u]";
     } else {
       at << "(0";
-      for (int d = 0; d < max_element_rank; ++d) {
-        at << " + coord[u][" << d << "] * layout.strides[" << k << "][" << d << "]";
+      for (int d = 0; d < form.rank; ++d) {
+        at << " + coord[u][" << d << "] * static_cast<I>(layout.strides[" << k << "][" << d << "])";
       }
       at << ")";
     }

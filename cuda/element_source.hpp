@@ -23,6 +23,8 @@ enum class InputRead : std::uint8_t { unused, vector, broadcast };
 struct ElementKernelForm {
   DType dtype = DType::f32;
   bool flat = true;  // every input laid out like the output; otherwise rows (a broadcast layout)
+  int rank = 0;  // of a rows layout (flat: 0)
+  bool narrow = false;  // every element index and input offset below 2^30: 32-bit index arithmetic
   std::array<InputRead, max_element_inputs> inputs{};
   std::array<bool, max_element_outputs> wide{};
 
@@ -36,9 +38,9 @@ struct ElementScalars {
 
 inline constexpr const char* element_kernel_name = "tapegrad_element_program";
 
-// The values a thread takes per step, 32 bytes of the dtype (two 16-byte loads per input, so that a light program
-// keeps enough bytes in flight): a made kernel covers n / group groups, the rest is interpreted.
-inline int element_kernel_group(DType dtype) { return 32 / static_cast<int>(dtype_size(dtype)); }
+// The values a thread loads at once from an input, 16 bytes of the dtype (one vector load; a warp's load covers
+// whole 32-byte sectors): a made kernel covers n / group groups, the rest is interpreted.
+inline int element_kernel_group(DType dtype) { return 16 / static_cast<int>(dtype_size(dtype)); }
 
 // The kernel `element_kernel_name`(ElementLayout, ElementBuffers, ElementScalars, long long groups) that runs
 // `program` on groups · element_kernel_group(dtype) elements.

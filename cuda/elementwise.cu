@@ -382,6 +382,16 @@ bool run_staged(const Launch& launch, const ElementProgram& program, const Eleme
   return true;
 }
 
+// Made kernels index in 32 bits up to here: far below 2^31, so that a step past the last group cannot overflow.
+constexpr std::int64_t narrow_limit = std::int64_t{1} << 30;
+
+// The largest element offset input k is read at in a rows (broadcast) layout.
+std::int64_t largest_offset(const ElementLayout& layout, int k) {
+  std::int64_t offset = 0;
+  for (int d = 0; d < layout.rank; ++d) offset += (layout.dims[d] - 1) * layout.strides[k][d];
+  return offset;
+}
+
 // Runs the program in a kernel made for it, in groups of element_kernel_group values, where the layout allows (as
 // for the staged kernel); false where it does not.
 template <class S>
@@ -390,12 +400,16 @@ bool run_made(const Launch& launch, DType dtype, const ElementProgram& program, 
   const int V = element_kernel_group(dtype);
   const std::optional<ElementStaging> staging = plan_staging(program, layout, buffers, V);
   if (!staging) return false;
-  ElementKernelForm form{.dtype = dtype, .flat = layout.flat};
+  ElementKernelForm form{
+      .dtype = dtype, .flat = layout.flat, .rank = layout.flat ? 0 : layout.rank, .narrow = n <= narrow_limit};
   ElementScalars scalars;
   for (int pc = 0; pc < program.size; ++pc) {
     const ElementInstruction& in = program.code[pc];
     scalars.value[pc] = in.scalar;
-    if (in.op == ElementOp::input) form.inputs[in.a] = staging->slot[in.a] >= 0 ? InputRead::vector : InputRead::broadcast;
+    if (in.op == ElementOp::input) {
+      form.inputs[in.a] = staging->slot[in.a] >= 0 ? InputRead::vector : InputRead::broadcast;
+      form.narrow = form.narrow && (layout.flat || largest_offset(layout, in.a) <= narrow_limit);
+    }
     if (in.op == ElementOp::store) form.wide[in.dst] = buffers.wide[in.dst];
   }
   const void* kernel = element_kernel(program, form, launch.device());

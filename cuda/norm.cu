@@ -128,8 +128,9 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
           sum_dxhat_xhat += dxhat[k] * xhat[k];
         }
       });
-      const C mean_dxhat = p.centered ? Config::reduce(sum_dxhat, Sum{}) / count : C(0);
-      const C mean_dxhat_xhat = Config::reduce(sum_dxhat_xhat, Sum{}) / count;
+      const rows::Pair<C> sums = Config::reduce(rows::Pair<C>{sum_dxhat, sum_dxhat_xhat}, Sum{});
+      const C mean_dxhat = p.centered ? sums.first / count : C(0);
+      const C mean_dxhat_xhat = sums.second / count;
       Config::for_each_pack(p.hidden, [&](std::int64_t q) {
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);
@@ -224,30 +225,42 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
   }
 }
 
-// Two packs per thread fit 3 blocks per SM (rows in flight); four take what they need.
+// The next row's x and dy are loaded, as raw packs, while this row is worked on (reductions, stores): the loads
+// are always in flight, not only between rows. Up to 16 values per thread (two packs of 16-bit types, four of
+// f32) fit 2 blocks per SM; more take one.
 template <class S, int P>
-__global__ void __launch_bounds__(cached_threads, P == 2 ? 3 : 1) norm_backward_cached_kernel(BackwardParams<S> p) {
+__global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ? 2 : 1)
+    norm_backward_cached_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>;
+  using Raw = rows::Pack<S, V>;
   const std::int64_t packs = p.hidden / V;
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
   const C count = static_cast<C>(p.hidden);
-  C dgamma[P][V] = {}, dbeta[P][V] = {};
-  for (std::int64_t r = first; r < last; ++r) {
-    const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
-    C xhat[P][V] = {}, dy[P][V] = {};
+  Raw next_x[P] = {}, next_dy[P] = {};
+  const auto fetch = [&](std::int64_t r) {
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
-        rows::load(p.x + r * p.hidden, q, xhat[i]);
-        rows::load(p.dy + r * p.hidden, q, dy[i]);
+        next_x[i] = reinterpret_cast<const Raw*>(p.x + r * p.hidden)[q];
+        next_dy[i] = reinterpret_cast<const Raw*>(p.dy + r * p.hidden)[q];
       }
     }
+  };
+  if (first < last) fetch(first);
+  C dgamma[P][V] = {}, dbeta[P][V] = {};
+  for (std::int64_t r = first; r < last; ++r) {
+    const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
+    C xhat[P][V], dy[P][V];
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      for (int k = 0; k < V; ++k) xhat[i][k] = (xhat[i][k] - mean) * rstd;
+      for (int k = 0; k < V; ++k) {  // past the row's end the raw packs are 0
+        xhat[i][k] = (to_compute<C>(next_x[i].v[k]) - mean) * rstd;
+        dy[i][k] = to_compute<C>(next_dy[i].v[k]);
+      }
     }
+    if (r + 1 < last) fetch(r + 1);
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       for (int k = 0; k < V; ++k) {
@@ -269,8 +282,9 @@ __global__ void __launch_bounds__(cached_threads, P == 2 ? 3 : 1) norm_backward_
           sum_dxhat_xhat += dy[i][k] * xhat[i][k];
         }
       }
-      const C mean_dxhat = p.centered ? CachedGroup::reduce(sum_dxhat, Sum{}) / count : C(0);
-      const C mean_dxhat_xhat = CachedGroup::reduce(sum_dxhat_xhat, Sum{}) / count;
+      const rows::Pair<C> sums = CachedGroup::reduce(rows::Pair<C>{sum_dxhat, sum_dxhat_xhat}, Sum{});
+      const C mean_dxhat = p.centered ? sums.first / count : C(0);
+      const C mean_dxhat_xhat = sums.second / count;
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         const std::int64_t q = cached_pack(i, packs);

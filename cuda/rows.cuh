@@ -37,8 +37,16 @@ template <class C> __device__ __forceinline__ C infinity_of() {
   else return __longlong_as_double(0x7ff0000000000000LL);
 }
 
+// Two values reduced together, in one pass of shuffles and barriers (the norm backward's two row means).
+template <class C> struct Pair {
+  C first, second;
+};
+
 struct Sum {
   template <class C> __device__ __forceinline__ C operator()(C a, C b) const { return a + b; }
+  template <class C> __device__ __forceinline__ Pair<C> operator()(Pair<C> a, Pair<C> b) const {
+    return {a.first + b.first, a.second + b.second};
+  }
 };
 // fmax: a NaN element is skipped, as the CPU's running std::max(max, x) skips it.
 struct Max {
@@ -51,6 +59,13 @@ struct Max {
 // ---- row groups ---------------------------------------------------------------------------------------------------
 
 constexpr unsigned full_warp = 0xffffffffu;
+
+template <class C> __device__ __forceinline__ C shuffle_xor(C v, int offset) {
+  return __shfl_xor_sync(full_warp, v, offset);
+}
+template <class C> __device__ __forceinline__ Pair<C> shuffle_xor(Pair<C> v, int offset) {
+  return {shuffle_xor(v.first, offset), shuffle_xor(v.second, offset)};
+}
 constexpr std::int64_t warp_row_limit = 1024;  // longer rows get a whole block
 constexpr int block_row_threads = 512;
 
@@ -71,7 +86,7 @@ template <int Threads> struct RowGroup {
   // op over every thread's v, the same bits in each thread. In block mode every thread of the block must call it:
   // it synchronizes the block.
   template <class C, class Op> __device__ static C reduce(C v, Op op) {
-    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(full_warp, v, offset));
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, shuffle_xor(v, offset));
     if constexpr (Threads > 32) {
       constexpr int warps = Threads / 32;
       __shared__ C warp_results[warps];

@@ -39,19 +39,22 @@ ElementProgram every_instruction() {
 
 }  // namespace
 
-TEST_CASE("every instruction compiles into a made kernel, for every dtype and layout kind") {
+TEST_CASE("every instruction compiles into a made kernel, for every dtype, layout kind and index width") {
   const ElementProgram program = every_instruction();
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     for (const bool flat : {true, false}) {
-      ElementKernelForm form{.dtype = dtype, .flat = flat};
-      form.inputs[0] = InputRead::vector;
-      form.inputs[1] = flat ? InputRead::vector : InputRead::broadcast;
-      form.wide[1] = true;
-      CAPTURE(dtype_name(dtype));
-      CAPTURE(flat);
-      const std::string source = element_kernel_source(program, form);
-      CHECK(source.find(element_kernel_name) != std::string::npos);
-      CHECK_FALSE(compile_element_kernel(source, "sm_90").empty());
+      for (const bool narrow : {true, false}) {
+        ElementKernelForm form{.dtype = dtype, .flat = flat, .rank = flat ? 0 : 3, .narrow = narrow};
+        form.inputs[0] = InputRead::vector;
+        form.inputs[1] = flat ? InputRead::vector : InputRead::broadcast;
+        form.wide[1] = true;
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(flat);
+        CAPTURE(narrow);
+        const std::string source = element_kernel_source(program, form);
+        CHECK(source.find(element_kernel_name) != std::string::npos);
+        CHECK_FALSE(compile_element_kernel(source, "sm_90").empty());
+      }
     }
   }
 }
