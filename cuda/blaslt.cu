@@ -38,9 +38,14 @@ struct Extent {
 Extent stored_a(const GemmArgs& g) { return g.a.transpose ? Extent{g.K, g.M} : Extent{g.M, g.K}; }
 Extent stored_b(const GemmArgs& g) { return g.b.transpose ? Extent{g.N, g.K} : Extent{g.K, g.N}; }
 
+// C's dtype: the inputs', or their compute type when wide.
+DType output_dtype(const GemmArgs& g) {
+  return g.wide_output && (g.dtype == DType::bf16 || g.dtype == DType::f16) ? DType::f32 : g.dtype;
+}
+
 std::string describe(const GemmArgs& g) {
   const Extent a = stored_a(g), b = stored_b(g);
-  return detail::concat(dtype_name(g.dtype), " gemm of op(A) [", g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N,
+  return detail::concat(dtype_name(g.dtype), output_dtype(g) != g.dtype ? " (f32 output)" : "", " gemm of op(A) [", g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N,
                         "], batch ", g.batch, ": A stored [", a.rows, ", ", a.cols, "]",
                         g.a.transpose ? " (transposed)" : "", " with lda ", g.a.ld, " and batch stride ",
                         g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
@@ -125,9 +130,9 @@ struct Problem {
 };
 
 // A row-major stack as a column-major layout: the stored [rows, cols] read as [cols, rows].
-void init_layout(cublasLtMatrixLayoutOpaque_t& layout, Extent e, std::int64_t ld, std::int64_t batch_stride,
-                 const GemmArgs& g) {
-  TAPEGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&layout, data_type(g.dtype), static_cast<std::uint64_t>(e.cols),
+void init_layout(cublasLtMatrixLayoutOpaque_t& layout, DType dtype, Extent e, std::int64_t ld,
+                 std::int64_t batch_stride, const GemmArgs& g) {
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&layout, data_type(dtype), static_cast<std::uint64_t>(e.cols),
                                                  static_cast<std::uint64_t>(e.rows), ld),
                         describe(g));
   if (g.batch > 1) {
@@ -150,15 +155,15 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
     set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS), g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, g);  // one vector for every entry: batch stride 0
   }
-  init_layout(p.first, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
-  init_layout(p.second, stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
-  init_layout(p.out, {g.M, g.N}, g.c.ld, stride_of(g.c.batch_stride, g), g);
+  init_layout(p.first, g.dtype, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
+  init_layout(p.second, g.dtype, stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
+  init_layout(p.out, output_dtype(g), {g.M, g.N}, g.c.ld, stride_of(g.c.batch_stride, g), g);
 }
 
 // Everything the choice of algorithm depends on.
 struct AlgoKey {
   int device;
-  DType dtype;
+  DType dtype, output;
   bool tf32, trans_a, trans_b, bias;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
   std::uint32_t align_a, align_b, align_c, align_bias;
@@ -170,6 +175,7 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32) {
                      sc = stride_of(g.c.batch_stride, g);
   return {device,
           g.dtype,
+          output_dtype(g),
           tf32,
           g.a.transpose,
           g.b.transpose,
@@ -186,8 +192,8 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32) {
           sc,
           alignment(g.a.data, sa, g.dtype),
           alignment(g.b.data, sb, g.dtype),
-          alignment(g.c.data, sc, g.dtype),
-          alignment(g.bias, 0, g.dtype)};
+          alignment(g.c.data, sc, output_dtype(g)),
+          alignment(g.bias, 0, output_dtype(g))};
 }
 
 struct Algo {
@@ -259,7 +265,7 @@ __global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, s
 }
 
 void empty_product(const GemmArgs& g, const Launch& launch) {
-  dispatch_float(g.dtype, "gemm", [&](auto tag) {
+  dispatch_float(output_dtype(g), "gemm", [&](auto tag) {
     using S = decltype(tag);
     constexpr int threads = 256;
     const std::int64_t total = g.batch * g.M * g.N;

@@ -41,13 +41,16 @@ struct GemmOutput {
 };
 
 struct GemmArgs {
-  DType dtype = DType::f32;  // of A, B, C and the bias (f32, f64, bf16 or f16)
+  DType dtype = DType::f32;  // of A, B, and of C and the bias unless wide_output (f32, f64, bf16 or f16)
   std::int64_t M = 0, N = 0, K = 0, batch = 1;
   GemmOperand a = {}, b = {};
   GemmOutput c = {};
   double alpha = 1.0, beta = 0.0;
-  // Optional: N values in `dtype` added to every row of every C_i (cuBLASLt's bias epilogue).
+  // Optional: N values added to every row of every C_i (cuBLASLt's bias epilogue), in C's dtype.
   const void* bias = nullptr;
+  // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
+  // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
+  bool wide_output = false;
 };
 
 // Runs the product on `device`. Throws tapegrad::Error naming the shapes for a dtype without a GPU GEMM, negative

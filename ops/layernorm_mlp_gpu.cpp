@@ -45,10 +45,12 @@ cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
 }
 
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless it is undefined), row-major: A stored [M, K],
-// or [K, M] when transposed; B stored [K, N], or [N, K] when transposed.
-template <class T>
+// or [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or in T's compute
+// type O (the f32 accumulation rounded once to f32).
+template <class T, class O>
 void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
-             std::int64_t N, std::int64_t K, const Tensor<T>& bias, double beta, Tensor<T>& out) {
+             std::int64_t N, std::int64_t K, const Tensor<O>& bias, double beta, Tensor<O>& out) {
+  static_assert(std::is_same_v<O, T> || std::is_same_v<O, compute_t<T>>);
   cuda::gemm({.dtype = dtype_v<T>,
               .M = M,
               .N = N,
@@ -57,7 +59,8 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
               .b = {b.data(), transpose_b ? K : N, 0, transpose_b},
               .c = {out.data(), N, 0},
               .beta = beta,
-              .bias = bias.defined() ? bias.data() : nullptr},
+              .bias = bias.defined() ? bias.data() : nullptr,
+              .wide_output = !std::is_same_v<O, T>},
              out.device().index);
 }
 
@@ -93,14 +96,14 @@ template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64
   return cast<P>(sums);
 }
 
-// Aᵀ · B over M rows in C, rounded once to P [shape]: A [M, K1], B [M, K2] → [K1, K2].
+// Aᵀ · B over M rows in C (T's products accumulated in C by the tensor cores), rounded once to P [shape]:
+// A [M, K1], B [M, K2] → [K1, K2].
 template <class P, class T>
 Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1, std::int64_t k2,
                           const Shape& shape) {
   using C = compute_t<T>;
-  const Tensor<C> ac = cast<C>(a), bc = cast<C>(b);
   Tensor<C> out(shape, a.device());
-  product(ac, true, bc, false, k1, k2, M, {}, 0.0, out);
+  product(a, true, b, false, k1, k2, M, Tensor<C>{}, 0.0, out);
   return cast<P>(out);
 }
 

@@ -201,9 +201,10 @@ struct GemmCase {
   bool bias = false;
 };
 
-// Runs the case through cuda::gemm in T and through the CPU gemm in double on the same values (C's padding
-// included, which neither may touch), and compares all of C.
-template <class T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
+// Runs the case through cuda::gemm on A and B in T, with C and the bias in O (T, or its compute type for a wide
+// output), and through the CPU gemm in double on the same values (C's padding included, which neither may touch),
+// and compares all of C. O's tolerance: a wide output is the f32 accumulation of exact products, rounded once.
+template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
   CAPTURE(e.M);
   CAPTURE(e.N);
   CAPTURE(e.K);
@@ -220,11 +221,12 @@ template <class T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
                      stride_c = e.M * ldc;
   const Tensor<T> a = randn<T>({(e.shared_a ? 1 : e.batch) * a_rows * lda}, seed);
   const Tensor<T> b = randn<T>({(e.shared_b ? 1 : e.batch) * b_rows * ldb}, seed + 1);
-  const Tensor<T> c = randn<T>({e.batch * stride_c}, seed + 2);
-  const Tensor<T> bias = randn<T>({e.N}, seed + 3);
+  const Tensor<O> c = randn<O>({e.batch * stride_c}, seed + 2);
+  const Tensor<O> bias = randn<O>({e.N}, seed + 3);
 
-  const Tensor<T> a_gpu = a.to(gpu), b_gpu = b.to(gpu), bias_gpu = bias.to(gpu);
-  Tensor<T> c_gpu = c.to(gpu);
+  const Tensor<T> a_gpu = a.to(gpu), b_gpu = b.to(gpu);
+  const Tensor<O> bias_gpu = bias.to(gpu);
+  Tensor<O> c_gpu = c.to(gpu);
   cuda::gemm({.dtype = dtype_v<T>,
               .M = e.M,
               .N = e.N,
@@ -235,7 +237,8 @@ template <class T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
               .c = {c_gpu.data(), ldc, stride_c},
               .alpha = e.alpha,
               .beta = e.beta,
-              .bias = e.bias ? bias_gpu.data() : nullptr},
+              .bias = e.bias ? bias_gpu.data() : nullptr,
+              .wide_output = !std::is_same_v<O, T>},
              0);
 
   const Tensor<double> a_d = cast<double>(a), b_d = cast<double>(b), bias_d = cast<double>(bias);
@@ -248,7 +251,7 @@ template <class T> void check_gemm(const GemmCase& e, std::uint64_t seed) {
       for (std::int64_t j = 0; j < e.N; ++j) c_i[r * ldc + j] += bias_d.flat(j);
     }
   }
-  check_close(c_gpu.to(host), want, tolerance<T>(e.K));
+  check_close(c_gpu.to(host), want, tolerance<O>(e.K));
 }
 
 }  // namespace
@@ -283,6 +286,17 @@ TEST_CASE_TEMPLATE("cuda::gemm's bias epilogue adds the bias to every row of eve
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 3, .pad = 2, .beta = 2.0, .bias = true}, seed += 10);
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 1, .bias = true}, seed += 10);
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 2, .pad = 1}, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("cuda::gemm writes a wide output: the f32 accumulation of 16-bit inputs, rounded once",
+                   T, TAPEGRAD_GPU_DTYPES) {
+  using O = compute_t<T>;
+  std::uint64_t seed = 800;
+  check_gemm<T, O>({.M = 7, .N = 33, .K = 1000, .batch = 1, .trans_a = true}, seed += 10);
+  check_gemm<T, O>({.M = 65, .N = 129, .K = 4096, .batch = 1, .trans_a = true}, seed += 10);
+  check_gemm<T, O>({.M = 33, .N = 7, .K = 65, .batch = 3, .trans_b = true, .pad = 3, .beta = 1.0, .bias = true},
+                   seed += 10);
+  check_gemm<T, O>({.M = 7, .N = 33, .K = 0, .batch = 2, .beta = 2.0, .bias = true}, seed += 10);
 }
 
 TEST_CASE_TEMPLATE("matmul on the GPU gives bitwise the same values and gradients on every run",
