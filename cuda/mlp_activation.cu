@@ -1,7 +1,16 @@
+// The activation step of layernorm_mlp (interface: cuda/mlp_activation.hpp).
+//
+// One kernel for both directions. The rows are cut into chunks (a function of the shape only); block (t, c) takes
+// the t-th tile of threads · V columns over chunk c's rows, thread by thread the same V columns of every row (and
+// of the gate half, for gated activations), read V at a time: 16 bytes where the rows allow, one element
+// otherwise. Each thread loads a few rows (rows_in_flight) before computing any. Backward, each thread adds its columns of
+// dz (as rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial row;
+// sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
 #include "cuda/mlp_activation.hpp"
 
 #include "cuda/activation_math.hpp"
-#include "cuda/launch.cuh"
+#include "cuda/partial_sums.hpp"
+#include "cuda/rows.cuh"
 
 namespace tapegrad::cuda {
 
@@ -41,57 +50,142 @@ template <class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, 
 }
 
 constexpr int threads = 256;
+constexpr int min_chunk_rows = 4;
 
-// One walk over a's elements for both directions. The forward (Backward = false) is the backward without da and dz:
-// it loads only z, takes no derivatives and always writes a.
-template <class S, bool Backward>
-__global__ void activation_kernel(const MlpActivation act, const S* z, const S* da, S* a, S* dz, std::int64_t rows,
-                                  std::int64_t F) {
+// Rows a thread loads before computing: 4, or 2 for a 16-bit type's packs of 8 (its computation of 8 values per
+// row needs the registers; 2 blocks per SM either way).
+template <class S> constexpr int rows_in_flight = sizeof(S) == 2 ? 2 : 4;
+
+// Rows per chunk: about 2048 blocks over the whole problem (tiles counted for 16-bit packs of 8), at least
+// min_chunk_rows rows each. Depends on rows and F only.
+std::int64_t chunk_rows(std::int64_t rows, std::int64_t F) {
+  const std::int64_t tiles = std::max<std::int64_t>(1, (F + 8 * threads - 1) / (8 * threads));
+  const std::int64_t chunks = std::min((2048 + tiles - 1) / tiles, (rows + min_chunk_rows - 1) / min_chunk_rows);
+  return (rows + std::max<std::int64_t>(chunks, 1) - 1) / std::max<std::int64_t>(chunks, 1);
+}
+std::int64_t chunks(std::int64_t rows, std::int64_t F) {
+  return rows == 0 ? 0 : (rows + chunk_rows(rows, F) - 1) / chunk_rows(rows, F);
+}
+
+template <class S> struct Buffers {
+  const S* z;
+  const S* da;               // backward only
+  S* a;                      // null: not written (backward)
+  S* dz;                     // backward only
+  compute_of<S>* partials;   // backward; null: no bias gradient
+};
+
+template <class S, int V, bool Backward>
+__global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivation act, const Buffers<S> b,
+                                                             std::int64_t rows, std::int64_t F,
+                                                             std::int64_t chunk_rows) {
   using C = compute_of<S>;
+  using Pack = rows::Pack<S, V>;
   const int width = act.width();
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * F;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t f = i % F, row = i / F * width * F;  // z's and dz's row
-    const C d = Backward ? to_compute<C>(da[i]) : C(0);
-    C grad, gate_grad;
-    C value = function_of<C>(act, to_compute<C>(z[row + f]), Backward ? &grad : nullptr);
-    if (width == 2) {
-      const C gate = gate_of<C>(act, to_compute<C>(z[row + F + f]), Backward ? &gate_grad : nullptr);
-      if constexpr (Backward) {
-        dz[row + f] = from_compute<S>(d * gate * grad);
-        dz[row + F + f] = from_compute<S>(d * value * gate_grad);
-      }
-      value *= gate;
-    } else if constexpr (Backward) {
-      dz[row + f] = from_compute<S>(d * grad);
+  const std::int64_t col = (blockIdx.x * std::int64_t{threads} + threadIdx.x) * V;
+  if (col >= F) return;
+  const std::int64_t first = blockIdx.y * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
+  constexpr int R = rows_in_flight<S>;
+  C sum0[V] = {}, sum1[V] = {};
+  for (std::int64_t r0 = first; r0 < last; r0 += R) {
+    Pack z0[R], z1[R], d[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (r0 + k >= last) break;
+      const S* z = b.z + (r0 + k) * width * F + col;
+      z0[k] = *reinterpret_cast<const Pack*>(z);
+      if (width == 2) z1[k] = *reinterpret_cast<const Pack*>(z + F);
+      if constexpr (Backward) d[k] = *reinterpret_cast<const Pack*>(b.da + (r0 + k) * F + col);
     }
-    if (!Backward || a) a[i] = from_compute<S>(value);
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const std::int64_t r = r0 + k;
+      if (r >= last) break;
+      Pack a, dz0, dz1;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        C grad, gate_grad;
+        C value = function_of<C>(act, to_compute<C>(z0[k].v[v]), Backward ? &grad : nullptr);
+        if (width == 2) {
+          const C gate = gate_of<C>(act, to_compute<C>(z1[k].v[v]), Backward ? &gate_grad : nullptr);
+          if constexpr (Backward) {
+            const C dv = to_compute<C>(d[k].v[v]);
+            dz0.v[v] = from_compute<S>(dv * gate * grad);
+            dz1.v[v] = from_compute<S>(dv * value * gate_grad);
+            sum0[v] += to_compute<C>(dz0.v[v]);
+            sum1[v] += to_compute<C>(dz1.v[v]);
+          }
+          value *= gate;
+        } else if constexpr (Backward) {
+          dz0.v[v] = from_compute<S>(to_compute<C>(d[k].v[v]) * grad);
+          sum0[v] += to_compute<C>(dz0.v[v]);
+        }
+        a.v[v] = from_compute<S>(value);
+      }
+      if (!Backward || b.a) *reinterpret_cast<Pack*>(b.a + r * F + col) = a;
+      if constexpr (Backward) {
+        S* dz = b.dz + r * width * F + col;
+        *reinterpret_cast<Pack*>(dz) = dz0;
+        if (width == 2) *reinterpret_cast<Pack*>(dz + F) = dz1;
+      }
+    }
+  }
+  if constexpr (Backward) {
+    if (b.partials) {
+      C* partial = b.partials + blockIdx.y * width * F + col;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        partial[v] = sum0[v];
+        if (width == 2) partial[F + v] = sum1[v];
+      }
+    }
   }
 }
 
 template <class S, bool Backward>
-void launch_activation(int device, const MlpActivation& act, const void* z, const void* da, void* a, void* dz,
-                       std::int64_t rows, std::int64_t F) {
+void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b, std::int64_t rows,
+                       std::int64_t F) {
   if (rows * F == 0) return;
   Launch launch(device);
-  activation_kernel<S, Backward><<<launch.blocks_for(rows * F, threads), threads, 0, launch.stream()>>>(
-      act, static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(a), static_cast<S*>(dz), rows, F);
+  constexpr int wide = rows::wide_pack<S>;
+  const bool packs = rows::packs_fit<S>(F, {b.z, b.da, b.a, b.dz});
+  const std::int64_t per_block = std::int64_t{threads} * (packs ? wide : 1);
+  const dim3 grid(static_cast<unsigned>((F + per_block - 1) / per_block), static_cast<unsigned>(chunks(rows, F)));
+  const std::int64_t per_chunk = chunk_rows(rows, F);
+  if (packs) activation_kernel<S, wide, Backward><<<grid, threads, 0, launch.stream()>>>(act, b, rows, F, per_chunk);
+  else activation_kernel<S, 1, Backward><<<grid, threads, 0, launch.stream()>>>(act, b, rows, F, per_chunk);
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
+std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int width) {
+  return chunks(rows, F) * width * F;
+}
+
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
                             std::int64_t rows, std::int64_t F) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
-    launch_activation<decltype(tag), false>(device, act, z, nullptr, a, nullptr, rows, F);
+    using S = decltype(tag);
+    launch_activation<S, false>(device, act, {static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr},
+                                rows, F);
   });
 }
 
 void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                             void* a, void* dz, std::int64_t rows, std::int64_t F) {
+                             const MlpActivationGrads& out, std::int64_t rows, std::int64_t F) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
-    launch_activation<decltype(tag), true>(device, act, z, da, a, dz, rows, F);
+    using S = decltype(tag);
+    using C = compute_of<S>;
+    C* partials = out.dbias ? static_cast<C*>(out.partials) : nullptr;
+    launch_activation<S, true>(device, act,
+                               {static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(out.a),
+                                static_cast<S*>(out.dz), partials},
+                               rows, F);
+    if (out.dbias) {
+      const DType compute = std::is_same_v<C, double> ? DType::f64 : DType::f32;
+      sum_partials(compute, partials, chunks(rows, F), act.width() * F, out.dbias, device);
+    }
   });
 }
 

@@ -1,5 +1,5 @@
 // The activation step of layernorm_mlp on the GPU: a = fn(z₀)·gate(z₁) over rows of z = [z₀ | z₁] (z₁ only for
-// gated activations), and its backward dz = da·∂a/∂z. The same formulas as the CPU's ops/mlp_activation.hpp, per
+// gated activations), and its backward dz = da·∂a/∂z with the bias gradient Σ_rows dz. The same formulas as the CPU's ops/mlp_activation.hpp, per
 // element from cuda/activation_math.hpp. Plain C++.
 #pragma once
 
@@ -24,8 +24,22 @@ struct MlpActivation {
 // z [rows, width·F] → a [rows, F].
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
                             std::int64_t rows, std::int64_t F);
-// z [rows, width·F], da [rows, F] → dz [rows, width·F], and a [rows, F] unless `a` is null.
+
+struct MlpActivationGrads {
+  void* dz = nullptr;     // [rows, width·F] in dtype
+  void* a = nullptr;      // [rows, F] in dtype, the recomputed activation; not written when null
+  void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype) in the compute type; null: none
+  void* partials = nullptr;  // scratch for dbias: mlp_activation_partials(rows, F, width) elements of the compute type
+};
+
+// The scratch mlp_activation_backward needs for dbias, in elements of the compute type: a partial column sum per
+// chunk of rows. The chunks depend on the shape only, so dbias does not depend on the GPU model.
+std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int width);
+
+// z [rows, width·F], da [rows, F] → dz, and a and dbias where asked for: ONE kernel reads z and da once, writes dz
+// (and a) and each chunk's partial column sums of dz; a second adds the partials in a fixed order (no atomics:
+// bitwise the same on every run).
 void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                             void* a, void* dz, std::int64_t rows, std::int64_t F);
+                             const MlpActivationGrads& out, std::int64_t rows, std::int64_t F);
 
 }  // namespace tapegrad::cuda

@@ -400,8 +400,11 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
         });
       }
     }
-    if (need_dgamma) sum_partials(problem.dtype, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
-    if (need_dbeta) sum_partials(problem.dtype, dbeta_partials, blocks, problem.hidden, args.dbeta, device);
+    const DType grads = !args.wide_parameter_grads           ? problem.dtype
+                        : std::is_same_v<C, double>           ? DType::f64
+                                                              : DType::f32;
+    if (need_dgamma) sum_partials(grads, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
+    if (need_dbeta) sum_partials(grads, dbeta_partials, blocks, problem.hidden, args.dbeta, device);
   });
 }
 

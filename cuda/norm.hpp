@@ -45,6 +45,7 @@ struct NormBackwardArgs {
   void* dgamma = nullptr;
   void* dbeta = nullptr;
   void* partials = nullptr;  // scratch: norm_backward_partials(...) elements of C when dgamma or dbeta is wanted
+  bool wide_parameter_grads = false;  // dgamma and dbeta in C (summed in C, rounded once to C) instead of dtype
 };
 
 // The scratch norm_backward needs for the parameter gradients asked for, in elements of C: a partial sum per block

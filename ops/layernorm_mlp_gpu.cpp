@@ -4,10 +4,11 @@
 //   forward                                  backward (dy [M, H])
 //   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
 //   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
-//   a  = act(z)           mlp_activation       a, dz = act(z), da · ∂a/∂z            mlp_activation_backward
-//   y  = a · W2 + b2      cuda::gemm + bias    db1 = Σ_rows dz; dW2 = aᵀ·dy, dW1 = hᵀ·dz in C
+//   a  = act(z)           mlp_activation       a, dz = act(z), da · ∂a/∂z and        mlp_activation_backward
+//   y  = a · W2 + b2      cuda::gemm + bias      db1 = Σ_rows dz, in one kernel
+//                                            dW2 = aᵀ·dy, dW1 = hᵀ·dz in C         wide cuda::gemm
 //                                            dh  = dz · W1ᵀ (+ the returned h's gradient)
-//                                            dx, dγ, dβ = cuda::norm_backward of dh, in C
+//                                            dx, dγ, dβ = cuda::norm_backward of dh (dγ, dβ in C)
 //
 // A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
 // not stored again), a recomputed z from the same product: every recompute policy gives the same gradients.
@@ -165,8 +166,18 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
     Tensor<T> da(Shape{M, F}, device);
     product(dy, false, s.w2, true, M, F, H, {}, 0.0, da);
     dz = Tensor<T>(Shape{M, n * F}, device);
-    cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(), a.data(), dz.data(), M, F);
-    if (need.b1) g.db1 = column_sums<P>(dz, n * F, Shape{n, F});
+    Tensor<C> db1, partials;
+    if (need.b1) {
+      db1 = Tensor<C>(Shape{n, F}, device);
+      partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, F, static_cast<int>(n))}, device);
+    }
+    cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
+                                  {.dz = dz.data(),
+                                   .a = need.w2 ? a.data() : nullptr,
+                                   .dbias = need.b1 ? db1.data() : nullptr,
+                                   .partials = need.b1 ? partials.data() : nullptr},
+                                  M, F);
+    if (need.b1) g.db1 = cast<P>(db1);
   } else {
     cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
   }
@@ -176,27 +187,24 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
 
   Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
   product(dz, false, s.w1, true, M, H, n * F, {}, dh_out ? 1.0 : 0.0, dh);
-  // In C, so that dγ and dβ are rounded once, to P; x, dh and γ widen exactly, and dx rounds to T once as in T.
-  cuda::NormProblem problem = s.norm;
-  problem.dtype = dtype_v<C>;
-  const Tensor<C> xc = cast<C>(s.x), dhc = cast<C>(dh), gammac = cast<C>(s.gamma);
-  Tensor<C> dx, dgamma, dbeta;
-  if (need.x) dx = Tensor<C>(Shape{M, H}, device);
+  // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
+  if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
+  Tensor<C> dgamma, dbeta;
   if (need.gamma) dgamma = Tensor<C>(Shape{H}, device);
   if (need.beta) dbeta = Tensor<C>(Shape{H}, device);
-  Tensor<C> partials(Shape{cuda::norm_backward_partials(problem, need.gamma, need.beta)}, device);
-  cuda::norm_backward(problem,
-                      {.x = xc.data(),
-                       .gamma = gammac.data(),
-                       .dy = dhc.data(),
+  Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, need.gamma, need.beta)}, device);
+  cuda::norm_backward(s.norm,
+                      {.x = s.x.data(),
+                       .gamma = s.gamma.data(),
+                       .dy = dh.data(),
                        .mean = is_layernorm(s) ? s.mean.data() : nullptr,
                        .rstd = s.rstd.data(),
-                       .dx = need.x ? dx.data() : nullptr,
+                       .dx = need.x ? g.dx.data() : nullptr,
                        .dgamma = need.gamma ? dgamma.data() : nullptr,
                        .dbeta = need.beta ? dbeta.data() : nullptr,
-                       .partials = partials.data()},
+                       .partials = partials.data(),
+                       .wide_parameter_grads = true},
                       device.index);
-  if (need.x) g.dx = cast<T>(dx);
   if (need.gamma) g.dgamma = cast<P>(dgamma);
   if (need.beta) g.dbeta = cast<P>(dbeta);
   return g;
