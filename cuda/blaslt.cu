@@ -13,6 +13,7 @@
 
 #include <cublasLt.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -30,6 +31,11 @@ namespace {
 constexpr std::uint64_t max_workspace_bytes = std::uint64_t{32} << 20;
 
 std::atomic<bool> tf32_allowed{false};
+std::atomic<bool> autotune_enabled{false};
+
+// How many of cuBLASLt's candidates autotuning times, and how many runs each.
+constexpr int tuning_candidates = 8;
+constexpr int tuning_runs = 5;
 
 // A matrix's extent as stored, [rows, cols].
 struct Extent {
@@ -164,19 +170,20 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
 struct AlgoKey {
   int device;
   DType dtype, output;
-  bool tf32, trans_a, trans_b, bias;
+  bool tf32, tuned, trans_a, trans_b, bias;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
   std::uint32_t align_a, align_b, align_c, align_bias;
   auto operator<=>(const AlgoKey&) const = default;
 };
 
-AlgoKey key_of(const GemmArgs& g, int device, bool tf32) {
+AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
   const std::int64_t sa = stride_of(g.a.batch_stride, g), sb = stride_of(g.b.batch_stride, g),
                      sc = stride_of(g.c.batch_stride, g);
   return {device,
           g.dtype,
           output_dtype(g),
           tf32,
+          tuned,
           g.a.transpose,
           g.b.transpose,
           g.bias != nullptr,
@@ -201,40 +208,6 @@ struct Algo {
   std::size_t workspace_bytes;
 };
 
-// cuBLASLt's first choice for the problem.
-Algo choose_algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key) {
-  cublasLtMatmulPreferenceOpaque_t preference;
-  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference), describe(g));
-  set(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace_bytes, g);
-  set(&preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-      static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), g);
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, g);  // cuBLASLt's A is our B
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, g);
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, g);
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, g);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, &p.matmul, &p.first, &p.second, &p.out, &p.out,
-                                                       &preference, 1, &result, &found),
-                        describe(g));
-  check(found > 0, "gemm", "cuBLASLt has no algorithm for the ", describe(g));
-  return {result.algo, result.workspaceSize};
-}
-
-// The algorithm of a problem, chosen on its first call. The first choice stored wins, so that every later call
-// runs the same algorithm (and gives the same bits).
-Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key) {
-  static std::mutex mutex;
-  static std::map<AlgoKey, Algo> cache;
-  {
-    const std::lock_guard lock(mutex);
-    if (const auto it = cache.find(key); it != cache.end()) return it->second;
-  }
-  const Algo chosen = choose_algorithm(handle, p, g, key);  // outside the lock: other problems need not wait
-  const std::lock_guard lock(mutex);
-  return cache.try_emplace(key, chosen).first->second;
-}
-
 // Scratch memory for one product, from the pool on the current stream; returned after the product, in stream order.
 class Workspace {
  public:
@@ -248,6 +221,117 @@ class Workspace {
  private:
   Block block_;
 };
+
+// alpha and beta in the scale type cuBLASLt expects (f64 for f64, f32 otherwise).
+struct Scalars {
+  double f64[2];
+  float f32[2];
+  bool wide;
+  Scalars(const GemmArgs& g, double beta)
+      : f64{g.alpha, beta}, f32{static_cast<float>(g.alpha), static_cast<float>(beta)}, wide(g.dtype == DType::f64) {}
+  const void* alpha() const { return wide ? static_cast<const void*>(&f64[0]) : &f32[0]; }
+  const void* beta() const { return wide ? static_cast<const void*>(&f64[1]) : &f32[1]; }
+};
+
+// D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, C and D at `out`; the status, unchecked.
+cublasStatus_t run_matmul(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Scalars& scalars,
+                          const cublasLtMatmulAlgo_t& algo, void* out, const Workspace& workspace,
+                          cudaStream_t stream) {
+  return cublasLtMatmul(handle, &p.matmul, scalars.alpha(), g.b.data, &p.first, g.a.data, &p.second, scalars.beta(),
+                        out, &p.out, out, &p.out, &algo, workspace.data(), workspace.bytes(), stream);
+}
+
+// cuBLASLt's candidates for the problem, best first by its heuristic: at least one, at most `count`.
+struct Candidates {
+  std::array<Algo, tuning_candidates> algos;
+  int count;
+};
+Candidates candidates(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key, int count) {
+  cublasLtMatmulPreferenceOpaque_t preference;
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference), describe(g));
+  set(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace_bytes, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+      static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, g);  // cuBLASLt's A is our B
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, g);
+  cublasLtMatmulHeuristicResult_t results[tuning_candidates] = {};
+  int found = 0;
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, &p.matmul, &p.first, &p.second, &p.out, &p.out,
+                                                       &preference, std::min(count, tuning_candidates), results,
+                                                       &found),
+                        describe(g));
+  check(found > 0, "gemm", "cuBLASLt has no algorithm for the ", describe(g));
+  Candidates c{{}, found};
+  for (int i = 0; i < found; ++i) c.algos[static_cast<std::size_t>(i)] = {results[i].algo, results[i].workspaceSize};
+  return c;
+}
+
+// The elements C's stack spans, from its first element to its last.
+std::int64_t output_span(const GemmArgs& g) {
+  return (g.batch > 1 ? (g.batch - 1) * g.c.batch_stride : 0) + (g.M - 1) * g.c.ld + g.N;
+}
+
+// Milliseconds per run of `algo` on the problem's inputs (into `out`, beta 0), or a negative value where cuBLASLt
+// refuses to run it.
+float time_candidate(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Algo& algo, void* out,
+                     cudaStream_t stream, int device) {
+  const Workspace workspace(algo.workspace_bytes, device);
+  const Scalars scalars(g, 0.0);
+  if (run_matmul(handle, p, g, scalars, algo.algo, out, workspace, stream) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  cudaEvent_t events[2];
+  for (cudaEvent_t& e : events) TAPEGRAD_CUDA_CHECK(cudaEventCreate(&e));
+  TAPEGRAD_CUDA_CHECK(cudaEventRecord(events[0], stream));
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  for (int i = 0; i < tuning_runs && status == CUBLAS_STATUS_SUCCESS; ++i) {
+    status = run_matmul(handle, p, g, scalars, algo.algo, out, workspace, stream);
+  }
+  TAPEGRAD_CUDA_CHECK(cudaEventRecord(events[1], stream));
+  TAPEGRAD_CUDA_CHECK(cudaEventSynchronize(events[1]));
+  float ms = 0.0f;
+  TAPEGRAD_CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+  for (cudaEvent_t e : events) TAPEGRAD_CUDA_CHECK(cudaEventDestroy(e));
+  return status == CUBLAS_STATUS_SUCCESS ? ms / tuning_runs : -1.0f;
+}
+
+// The problem's algorithm: cuBLASLt's first choice, or with autotuning the fastest of its first candidates, timed
+// on the problem's own inputs into scratch (C is not touched). A stream being captured into a graph cannot wait
+// for timings: it gets the first choice.
+Algo choose_algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key,
+                      const Launch& launch) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TAPEGRAD_CUDA_CHECK(cudaStreamIsCapturing(launch.stream(), &capture));
+  const bool tune = key.tuned && capture == cudaStreamCaptureStatusNone;
+  const Candidates found = candidates(handle, p, g, key, tune ? tuning_candidates : 1);
+  if (!tune || found.count == 1) return found.algos[0];
+  const Workspace out(static_cast<std::size_t>(output_span(g)) * dtype_size(output_dtype(g)), launch.device());
+  Algo best = found.algos[0];
+  float best_ms = -1.0f;
+  for (int i = 0; i < found.count; ++i) {
+    const Algo& algo = found.algos[static_cast<std::size_t>(i)];
+    const float ms = time_candidate(handle, p, g, algo, out.data(), launch.stream(), launch.device());
+    if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) {
+      best = algo;
+      best_ms = ms;
+    }
+  }
+  return best;
+}
+
+// The algorithm of a problem, chosen on its first call. The first choice stored wins, so that every later call
+// runs the same algorithm (and gives the same bits).
+Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const AlgoKey& key, const Launch& launch) {
+  static std::mutex mutex;
+  static std::map<AlgoKey, Algo> cache;
+  {
+    const std::lock_guard lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const Algo chosen = choose_algorithm(handle, p, g, key, launch);  // outside the lock: other problems need not wait
+  const std::lock_guard lock(mutex);
+  return cache.try_emplace(key, chosen).first->second;
+}
 
 // C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C.
 template <class S>
@@ -289,20 +373,16 @@ void gemm(const GemmArgs& g, int device) {
   const cublasLtHandle_t handle = handle_of(device);
   Problem p;
   init_problem(p, g, tf32);
-  const Algo algo = algorithm(handle, p, g, key_of(g, device, tf32));
+  const Algo algo = algorithm(handle, p, g, key_of(g, device, tf32, gemm_autotune()), launch);
   const Workspace workspace(algo.workspace_bytes, device);
-  const double scalars64[2] = {g.alpha, g.beta};
-  const float scalars32[2] = {static_cast<float>(g.alpha), static_cast<float>(g.beta)};
-  const bool f64 = g.dtype == DType::f64;
-  const void* alpha = f64 ? static_cast<const void*>(&scalars64[0]) : &scalars32[0];
-  const void* beta = f64 ? static_cast<const void*>(&scalars64[1]) : &scalars32[1];
-  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmul(handle, &p.matmul, alpha, g.b.data, &p.first, g.a.data, &p.second, beta,
-                                       g.c.data, &p.out, g.c.data, &p.out, &algo.algo, workspace.data(),
-                                       workspace.bytes(), launch.stream()),
+  TAPEGRAD_CUBLAS_CHECK(run_matmul(handle, p, g, Scalars(g, g.beta), algo.algo, g.c.data, workspace, launch.stream()),
                         describe(g));
 }
 
 void set_allow_tf32(bool allow) { tf32_allowed.store(allow, std::memory_order_relaxed); }
 bool allow_tf32() { return tf32_allowed.load(std::memory_order_relaxed); }
+
+void set_gemm_autotune(bool enable) { autotune_enabled.store(enable, std::memory_order_relaxed); }
+bool gemm_autotune() { return autotune_enabled.load(std::memory_order_relaxed); }
 
 }  // namespace tapegrad::cuda

@@ -12,8 +12,8 @@
 // in f32 and round once to the output; split-K partial sums are kept in f32 too. alpha and beta are f32 except for
 // f64. The same call on the same device gives bitwise the same result every run.
 //
-// Cost of a call: the algorithm is chosen once per problem (shapes, dtype, transposes, batch, strides, pointer
-// alignments, bias or not, TF32 or not) and cached; its workspace, at most 32 MiB and only what the chosen
+// Cost of a call: the algorithm is chosen once per problem (shapes, dtypes, transposes, batch, strides, pointer
+// alignments, bias or not, TF32 or not, autotuned or not) and cached; its workspace, at most 32 MiB and only what the chosen
 // algorithm needs, comes from the device's stream-ordered pool on the current stream and goes back after the
 // product (the pool caches it, so a repeated call allocates nothing from the driver). One cuBLASLt handle per
 // device, created on first use and shared by all threads.
@@ -62,5 +62,15 @@ void gemm(const GemmArgs& args, int device);
 // 1e-6. Products already running are not affected.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+// Whether a problem's algorithm is chosen by timing (process-wide; off by default). On: the first call of each
+// problem times cuBLASLt's first 8 candidates (5 runs each, on the problem's own inputs, into scratch) and keeps the
+// fastest, as XLA's autotuner or cuDNN's benchmark mode do. That first call waits for the timings; every later call
+// of the problem runs the kept algorithm and gives the same bits, but two processes may keep different algorithms
+// (timings vary), so results can differ between processes in the last bits. Off: cuBLASLt's heuristic first choice,
+// the same in every process. A problem first seen while its stream is being captured into a CUDA graph gets the
+// heuristic choice either way.
+void set_gemm_autotune(bool enable);
+bool gemm_autotune();
 
 }  // namespace tapegrad::cuda

@@ -81,17 +81,19 @@ bool all_zero(const Tensor<double>& t) {
   return std::all_of(t.span().begin(), t.span().end(), [](double v) { return v == 0.0; });
 }
 
-// Sets the TF32 switch for a scope.
-class Tf32Switch {
+// Sets one of cuda::gemm's process-wide switches for a scope.
+template <bool (*Get)(), void (*Set)(bool)> class GemmSwitch {
  public:
-  explicit Tf32Switch(bool allow) : previous_(cuda::allow_tf32()) { cuda::set_allow_tf32(allow); }
-  ~Tf32Switch() { cuda::set_allow_tf32(previous_); }
-  Tf32Switch(const Tf32Switch&) = delete;
-  Tf32Switch& operator=(const Tf32Switch&) = delete;
+  explicit GemmSwitch(bool on) : previous_(Get()) { Set(on); }
+  ~GemmSwitch() { Set(previous_); }
+  GemmSwitch(const GemmSwitch&) = delete;
+  GemmSwitch& operator=(const GemmSwitch&) = delete;
 
  private:
   bool previous_;
 };
+using Tf32Switch = GemmSwitch<cuda::allow_tf32, cuda::set_allow_tf32>;
+using AutotuneSwitch = GemmSwitch<cuda::gemm_autotune, cuda::set_gemm_autotune>;
 
 }  // namespace
 
@@ -297,6 +299,22 @@ TEST_CASE_TEMPLATE("cuda::gemm writes a wide output: the f32 accumulation of 16-
   check_gemm<T, O>({.M = 33, .N = 7, .K = 65, .batch = 3, .trans_b = true, .pad = 3, .beta = 1.0, .bias = true},
                    seed += 10);
   check_gemm<T, O>({.M = 7, .N = 33, .K = 0, .batch = 2, .beta = 2.0, .bias = true}, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("cuda::gemm with autotuning computes the same products and leaves C alone while it times",
+                   T, TAPEGRAD_GPU_DTYPES) {
+  const AutotuneSwitch tuned(true);
+  std::uint64_t seed = 900;
+  // Shapes no other test uses: each is tuned here, beta != 0 shows that the timing runs do not write C.
+  check_gemm<T>({.M = 37, .N = 41, .K = 257, .batch = 1, .beta = 1.0, .bias = true}, seed += 10);
+  check_gemm<T>({.M = 43, .N = 11, .K = 129, .batch = 3, .trans_a = true, .pad = 2, .alpha = 2.0, .beta = -0.5},
+                seed += 10);
+  check_gemm<T, compute_t<T>>({.M = 96, .N = 160, .K = 2048, .batch = 1, .trans_a = true, .beta = 1.0}, seed += 10);
+  // The kept algorithm gives the same bits on every later call.
+  const Tensor<T> a = randn<T>({256, 512}, seed, 0, 1, gpu), b = randn<T>({512, 384}, seed + 1, 0, 1, gpu);
+  const auto product = [&] { return matmul(constant(a), constant(b)).value().to(host); };
+  const Tensor<T> first = product();
+  for (int run = 0; run < 3; ++run) CHECK(test::bitwise_equal(product(), first));
 }
 
 TEST_CASE_TEMPLATE("matmul on the GPU gives bitwise the same values and gradients on every run",
