@@ -1,7 +1,9 @@
 // layernorm_mlp on the GPU against the CPU in double (tests/gpu_reference.hpp), forward and every gradient: every
 // activation × {layernorm, rmsnorm} × biases on and off × every recompute policy, with the norm output returned
-// and zero-centered gamma, hidden sizes 24 and 13, leading dims [5] and [2, 3], one row and none; mixed precision
-// (f32 parameters, x in T); bitwise identical gradients on every run and under every recompute policy; errors.
+// and zero-centered gamma, hidden sizes 24 and 13, ffn sizes 40 and 37 (16-byte packs or single elements), leading
+// dims [5] and [2, 3], one row and none, and a larger block (many chunks of rows and tiles of columns); mixed
+// precision (f32 parameters, x in T); bitwise identical gradients on every run and under every recompute policy;
+// errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -22,12 +24,11 @@ constexpr Activation all_activations[] = {
     Activation::sreglu, Activation::clamped_swiglu,
 };
 constexpr Recompute all_policies[] = {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all};
-constexpr std::int64_t ffn = 40;
-
 struct Case {
   LayerNormMLPOptions options;
   bool biases = true;
   Shape x;  // [..., H]
+  std::int64_t ffn = 40;
   bool has_beta() const { return options.norm == NormType::layernorm && biases; }
 };
 
@@ -47,7 +48,7 @@ std::string describe(const Case& c) {
   return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +
          (c.biases ? " with biases" : " without biases") + " " + std::string(recompute_name(o.recompute)) +
          (o.return_layernorm_output ? " returning h" : "") + (o.zero_centered_gamma ? " zero-centered" : "") +
-         " x " + c.x.str();
+         " x " + c.x.str() + " ffn " + std::to_string(c.ffn);
 }
 
 // The node's inputs in order: x, gamma, [beta], w1, [b1], w2, [b2]; each [stddev] scales a unit normal draw so that
@@ -67,9 +68,9 @@ InputPlan plan(const Case& c) {
   add(c.x, 0.5, 2.0);
   add({H}, c.options.zero_centered_gamma ? 0.0 : 1.0, 0.3);
   if (c.has_beta()) add({H}, 0.0, 0.3);
-  add({H, n, ffn}, 0.0, 1.0 / std::sqrt(double(H)));
-  if (c.biases) add({n, ffn}, 0.0, 0.3);
-  add({ffn, H}, 0.0, 1.0 / std::sqrt(double(ffn)));
+  add({H, n, c.ffn}, 0.0, 1.0 / std::sqrt(double(H)));
+  if (c.biases) add({n, c.ffn}, 0.0, 0.3);
+  add({c.ffn, H}, 0.0, 1.0 / std::sqrt(double(c.ffn)));
   if (c.biases) add({H}, 0.0, 0.3);
   return p;
 }
@@ -187,11 +188,23 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU for every activatio
           const bool odd = (seed % 2) == 1;
           const Case c{.options = options_for(act, norm, recompute, odd, !odd),
                        .biases = biases,
-                       .x = odd ? Shape{5, 13} : Shape{2, 3, 24}};
+                       .x = odd ? Shape{5, 13} : Shape{2, 3, 24},
+                       .ffn = odd ? 37 : 40};
           check_case<T>(c, seed++);
         }
       }
     }
+  }
+}
+
+// Many chunks of rows and more than one tile of columns in the activation kernel (its bias gradient adds partial
+// sums across chunks), and wider rows for the norm kernels.
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU on a larger block", T, TAPEGRAD_GPU_DTYPES) {
+  for (Activation act : {Activation::gelu, Activation::swiglu}) {
+    const Case c{.options = options_for(act, NormType::layernorm, Recompute::recompute_norm, false, false),
+                 .x = Shape{96, 128},
+                 .ffn = 2312};
+    check_case<T>(c, 250);
   }
 }
 
