@@ -4,10 +4,12 @@
 // training), forward + backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on
 // the GEMM flops (forward 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward +
 // backward step: the most tapegrad held during it beyond what was held before (inputs and parameters), gradients
-// included, as the peers' peak_extra_mib.
+// included, as the peers' peak_extra_mib. Each configuration runs twice: with cuBLASLt's heuristic choice of GEMM
+// algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
 #include <cmath>
 #include <string>
 
+#include "cuda/blaslt.hpp"
 #include "cuda/memory.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad.hpp"
@@ -33,7 +35,8 @@ constexpr Config configs[] = {
     {"llama_4k", 8192, 4096, 11008, "rms_swiglu", NormType::rmsnorm, Activation::swiglu, false},
 };
 
-void run_config(const Config& c) {
+void run_config(const Config& c, bool autotune) {
+  cuda::set_gemm_autotune(autotune);
   const Device gpu = Device::cuda(0);
   const std::int64_t n = activation_width(c.activation);
   const bool layernorm = c.norm == NormType::layernorm;
@@ -84,6 +87,7 @@ void run_config(const Config& c) {
         .num("H", double(c.H))
         .num("F", double(c.F))
         .str("kind", c.kind)
+        .str("gemm", autotune ? "autotuned" : "heuristic")
         .str("mode", m.mode)
         .num("median_ms", m.timing.median_ns * 1e-6)
         .num("tflops", m.flops / m.timing.median_ns * 1e-3)
@@ -96,7 +100,10 @@ void run_config(const Config& c) {
 
 void gpu_layernorm_mlp() {
   if (!gpu_available("gpu_layernorm_mlp")) return;
-  for (const Config& c : configs) run_config(c);
+  for (const bool autotune : {false, true}) {
+    for (const Config& c : configs) run_config(c, autotune);
+  }
+  cuda::set_gemm_autotune(false);
 }
 
 }  // namespace bench

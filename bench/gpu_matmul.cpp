@@ -1,5 +1,6 @@
 // (d) Matrix product throughput on the GPU through cuBLASLt, forward only: TFLOP/s = 2·M·N·K / median time, at
-// transformer sizes, in bf16 and f16 (f32 accumulation) and f32 (exact FP32, and TF32). Two ways: cuda::gemm, the
+// transformer sizes, in bf16 (also with cuda::set_gemm_autotune) and f16 (f32 accumulation) and f32 (exact FP32,
+// and TF32). Two ways: cuda::gemm, the
 // entry point, into a preallocated output; and tapegrad's matmul under NoGradGuard (which takes its output from the
 // device's pool each call). Each repetition is timed alone between two CUDA events on the device's current stream;
 // the median after warm-up is reported. Without a GPU it prints one line saying it skipped.
@@ -56,6 +57,9 @@ void gpu_matmul() {
     const Operands host{randn<float>({M, K}, seed), randn<float>({K, N}, seed + 1)};
     seed += 2;
     product<bf16>(host, "f32 accumulate", device_name);
+    cuda::set_gemm_autotune(true);
+    product<bf16>(host, "f32 accumulate, autotuned", device_name);
+    cuda::set_gemm_autotune(false);
     product<f16>(host, "f32 accumulate", device_name);
     product<float>(host, "fp32", device_name);
     const bool was_allowed = cuda::allow_tf32();

@@ -2,10 +2,12 @@
 """The layernorm_mlp node against its peers on one GPU: a markdown table (stdout) and, with --png, a chart.
 
 usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer_bench.py JSON lines> [--png F]
+                              [--gemm autotuned|heuristic]
 
 Both files come from the same run on the same GPU (issue 5's rule). The peers time forward + backward of the
 same block; the table sets tapegrad's forward + backward beside them, as milliseconds, as a ratio to JAX jit, as
-TFLOP/s on the GEMM flops, and peak extra memory against PyTorch eager's.
+TFLOP/s on the GEMM flops, and peak extra memory against PyTorch eager's. --gemm picks which of tapegrad's runs
+(GEMM algorithms autotuned, the default, or cuBLASLt's heuristic choice; lines without the field count as heuristic).
 """
 import json
 import sys
@@ -19,12 +21,15 @@ def read(path):
 
 
 def main(argv):
-    png = None
-    if "--png" in argv:
-        i = argv.index("--png")
-        png = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    ours = [r for r in read(argv[0]) if r.get("group") == "gpu_layernorm_mlp" and "config" in r]
+    options = {"--png": None, "--gemm": "autotuned"}
+    for flag in options:
+        if flag in argv:
+            i = argv.index(flag)
+            options[flag] = argv[i + 1]
+            argv = argv[:i] + argv[i + 2:]
+    png = options["--png"]
+    ours = [r for r in read(argv[0]) if r.get("group") == "gpu_layernorm_mlp" and "config" in r
+            and r.get("gemm", "heuristic") == options["--gemm"]]
     peers = [r for r in read(argv[1]) if "median_ms" in r]
     configs = [r["config"] for r in ours if r["mode"] == "forward_backward"]
     peer_ms = {(r["config"], r["system"]): r for r in peers}
