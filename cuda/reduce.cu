@@ -152,17 +152,17 @@ Plan plan(const Reduction& r, const char* op) {
 
 // ---- what is reduced ------------------------------------------------------------------------------------------
 
-// Sums accumulate in f64 for f32/f64 and in f32 for the 16-bit types.
-template <class S> struct Sum {
+// Sums accumulate in f64 for f32/f64 and in f32 for the 16-bit types, and round once to Y (S, or a wide output).
+template <class S, class Y = S> struct Sum {
   using Acc = std::conditional_t<sizeof(S) == 2, float, double>;
   const S* x;
-  S* y;
+  Y* y;
   Acc divisor;
 
   __device__ Acc identity() const { return Acc(0); }
   __device__ Acc load(std::int64_t at) const { return to_compute<Acc>(x[at]); }
   __device__ static Acc combine(Acc a, Acc b) { return a + b; }
-  __device__ void finish(std::int64_t o, Acc total) const { y[o] = from_compute<S>(total / divisor); }
+  __device__ void finish(std::int64_t o, Acc total) const { y[o] = from_compute<Y>(total / divisor); }
 };
 
 template <class S> struct Max {
@@ -301,12 +301,17 @@ template <class S> __global__ void scatter_kernel(const S* dy, const std::int64_
 
 }  // namespace
 
-void sum(DType dtype, const void* x, const Reduction& r, double divisor, void* y, int device) {
+void sum(DType dtype, const void* x, const Reduction& r, double divisor, void* y, int device, bool wide_output) {
   const Plan p = plan(r, "sum");
   dispatch_float(dtype, "sum", [&](auto tag) {
     using S = decltype(tag);
-    using Op = Sum<S>;
-    reduce(Op{static_cast<const S*>(x), static_cast<S*>(y), static_cast<typename Op::Acc>(divisor)}, p, device);
+    const auto run = [&](auto out) {
+      using Y = decltype(out);
+      using Op = Sum<S, Y>;
+      reduce(Op{static_cast<const S*>(x), static_cast<Y*>(y), static_cast<typename Op::Acc>(divisor)}, p, device);
+    };
+    if (wide_output && sizeof(S) == 2) run(compute_of<S>{});
+    else run(S{});
   });
 }
 

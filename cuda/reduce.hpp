@@ -17,9 +17,11 @@ struct Reduction {
 };
 
 // y = (the sum over the reduced axes of x) / divisor, accumulated in f64 for f32/f64 and in f32 for bf16/f16 (as
-// on the CPU), divided in that type and rounded once to `dtype`. A reduction over zero elements gives 0 / divisor.
-// The summation order depends only on the dims: results are bitwise the same on every run.
-void sum(DType dtype, const void* x, const Reduction& r, double divisor, void* y, int device);
+// on the CPU), divided in that type and rounded once to `dtype`, or with wide_output to f32 for bf16/f16 (y then
+// holds f32). A reduction over zero elements gives 0 / divisor. The summation order depends only on the dims:
+// results are bitwise the same on every run.
+void sum(DType dtype, const void* x, const Reduction& r, double divisor, void* y, int device,
+         bool wide_output = false);
 
 // y = the maximum over the reduced axes of x (a NaN if there is one), and argmax = the flat index into x of the
 // first maximum in row-major order (of the first NaN when there is one). Every reduced group must be non-empty.

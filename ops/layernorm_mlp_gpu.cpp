@@ -88,12 +88,12 @@ template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* me
   return h;
 }
 
-// Σ_rows of t [M, width] in C, rounded once to P [shape].
+// Σ_rows of t [M, width], summed in T's accumulation type and rounded once to C, then to P [shape].
 template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64_t width, const Shape& shape) {
   using C = compute_t<T>;
-  const Tensor<C> tc = cast<C>(t);
   Tensor<C> sums(shape, t.device());
-  cuda::sum(dtype_v<C>, tc.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index);
+  cuda::sum(dtype_v<T>, t.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index,
+            true);
   return cast<P>(sums);
 }
 
