@@ -4,12 +4,14 @@
 // training), forward + backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on
 // the GEMM flops (forward 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward +
 // backward step: the most tapegrad held during it beyond what was held before (inputs and parameters), gradients
-// included, as the peers' peak_extra_mib. Each configuration runs twice: with cuBLASLt's heuristic choice of GEMM
+// included, as the peers' peak_extra_mib; and the forward + backward step captured once as a CUDA graph
+// (cuda/graph.hpp) and replayed ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of GEMM
 // algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
 #include <cmath>
 #include <string>
 
 #include "cuda/blaslt.hpp"
+#include "cuda/graph.hpp"
 #include "cuda/memory.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad.hpp"
@@ -72,14 +74,19 @@ void run_config(const Config& c, bool autotune) {
   cuda::synchronize(0);
   const double peak_extra_mib = static_cast<double>(cuda::memory_stats(0).peak_in_use - before) / (1 << 20);
 
+  const cuda::Graph graph = cuda::Graph::capture(0, step);  // after the timed steps: kernels made, GEMMs chosen
+  const Timing replayed = measure_gpu([&] { graph.replay(); });
+
   const double gemm_flops = (n == 2 ? 18.0 : 12.0) * double(c.M) * double(c.H) * double(c.F);
   const Timing backward_alone{t[1].median_ns - t[0].median_ns, t[1].min_ns - t[0].min_ns, t[1].reps};
   const struct {
     const char* mode;
     const Timing& timing;
     double flops;
-  } modes[] = {{"forward", t[0], gemm_flops / 3}, {"forward_backward", t[1], gemm_flops},
-               {"backward", backward_alone, gemm_flops * 2 / 3}};
+  } modes[] = {{"forward", t[0], gemm_flops / 3},
+               {"forward_backward", t[1], gemm_flops},
+               {"backward", backward_alone, gemm_flops * 2 / 3},
+               {"forward_backward_graph", replayed, gemm_flops}};
   for (const auto& m : modes) {
     JsonLine line("gpu_layernorm_mlp");
     line.str("config", c.name)

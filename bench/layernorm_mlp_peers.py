@@ -35,17 +35,23 @@ def main(argv):
     peer_ms = {(r["config"], r["system"]): r for r in peers}
     mine = {(r["config"], r["mode"]): r for r in ours}
 
-    print("| config (M, H, F, block) | tapegrad fwd / bwd / fwd+bwd ms | " + " | ".join(f"{p} ms" for p in PEERS)
-          + " | tapegrad / JAX | TFLOP/s | peak extra MiB: tapegrad / torch eager |")
-    print("|" + "---|" * (5 + len(PEERS)))
+    print("| config (M, H, F, block) | tapegrad fwd / bwd / fwd+bwd ms | fwd+bwd as a CUDA graph ms | "
+          + " | ".join(f"{p} ms" for p in PEERS)
+          + " | tapegrad / JAX (graph / JAX) | TFLOP/s | peak extra MiB: tapegrad / torch eager |")
+    print("|" + "---|" * (6 + len(PEERS)))
     for c in configs:
         both = mine[(c, "forward_backward")]
         fwd, bwd = mine[(c, "forward")], mine[(c, "backward")]
         cells = [f"{c} ({both['M']:.0f}, {both['H']:.0f}, {both['F']:.0f}, {both['kind']})",
                  f"{fwd['median_ms']:.3f} / {bwd['median_ms']:.3f} / {both['median_ms']:.3f}"]
+        graph = mine.get((c, "forward_backward_graph"))
+        cells.append(f"{graph['median_ms']:.3f}" if graph else "—")
         cells += [f"{peer_ms[(c, p)]['median_ms']:.3f}" if (c, p) in peer_ms else "—" for p in PEERS]
         jax = peer_ms.get((c, "jax_jit"))
-        cells.append(f"{both['median_ms'] / jax['median_ms']:.2f}" if jax else "—")
+        ratio = f"{both['median_ms'] / jax['median_ms']:.2f}" if jax else "—"
+        if jax and graph:
+            ratio += f" ({graph['median_ms'] / jax['median_ms']:.2f})"
+        cells.append(ratio)
         cells.append(f"{both['tflops']:.0f}")
         eager = peer_ms.get((c, "torch_eager"))
         cells.append(f"{both['peak_extra_mib']:.0f} / {eager['peak_extra_mib']:.0f}" if eager else "—")

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/capture_memory.hpp"
 #include "cuda/check.cuh"
 #include "cuda/device.hpp"
 #include "cuda/on_device.cuh"
@@ -71,6 +72,14 @@ cudaError_t try_allocate(void** ptr, std::size_t bytes, const DeviceState& s, St
   return err;
 }
 
+// `bytes` more in use on the device, and the peak raised to match.
+void count_in_use(DeviceState& s, std::size_t bytes) {
+  const std::size_t now = s.in_use += bytes;
+  std::size_t peak = s.peak_in_use.load();
+  while (now > peak && !s.peak_in_use.compare_exchange_weak(peak, now)) {
+  }
+}
+
 // Copies on the device's current stream and waits for the copy: host memory is ready or reusable on return.
 void copy_and_wait(void* dst, const void* src, std::size_t bytes, int device, cudaMemcpyKind kind) {
   const Stream stream = current_stream(device);
@@ -86,6 +95,10 @@ Block device_allocate(std::size_t bytes, int device) {
   DeviceState& s = ready_state(device, "allocate");
   const Stream stream = current_stream_of(device, s);
   if (bytes == 0) return {nullptr, 0, device, stream};
+  if (const std::optional<Block> captured = capture_allocate(bytes, device, stream)) {
+    count_in_use(s, bytes);
+    return *captured;
+  }
   OnDevice on(device);
   void* ptr = nullptr;
   cudaError_t err = try_allocate(&ptr, bytes, s, stream);
@@ -105,15 +118,17 @@ Block device_allocate(std::size_t bytes, int device) {
   if (err != cudaSuccess) {
     throw_cuda_error(err, "cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream)", __FILE__, __LINE__);
   }
-  const std::size_t now = s.in_use += bytes;
-  std::size_t peak = s.peak_in_use.load();
-  while (now > peak && !s.peak_in_use.compare_exchange_weak(peak, now)) {
-  }
+  count_in_use(s, bytes);
   return {ptr, bytes, device, stream};
 }
 
 void device_free(const Block& block) noexcept {
   if (block.ptr == nullptr) return;
+  switch (capture_free(block)) {
+    case CaptureFree::returned: state_of(block.device).in_use -= block.bytes; return;
+    case CaptureFree::kept: return;
+    case CaptureFree::not_captured: break;
+  }
   const cudaError_t err = cudaFreeAsync(block.ptr, block.stream);
   state_of(block.device).in_use -= block.bytes;  // the state exists: the block was allocated through it
   if (err == cudaSuccess) return;
