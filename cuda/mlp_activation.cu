@@ -184,7 +184,7 @@ void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, 
                                rows, F);
     if (out.dbias) {
       const DType compute = std::is_same_v<C, double> ? DType::f64 : DType::f32;
-      sum_partials(compute, partials, chunks(rows, F), act.width() * F, out.dbias, device);
+      sum_partials(out.wide_dbias ? compute : dtype, partials, chunks(rows, F), act.width() * F, out.dbias, device);
     }
   });
 }

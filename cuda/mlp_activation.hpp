@@ -28,8 +28,9 @@ void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, c
 struct MlpActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype
   void* a = nullptr;      // [rows, F] in dtype, the recomputed activation; not written when null
-  void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype) in the compute type; null: none
+  void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype), summed in the compute type; null: none
   void* partials = nullptr;  // scratch for dbias: mlp_activation_partials(rows, F, width) elements of the compute type
+  bool wide_dbias = false;   // dbias in the compute type (rounded once to it) instead of dtype
 };
 
 // The scratch mlp_activation_backward needs for dbias, in elements of the compute type: a partial column sum per

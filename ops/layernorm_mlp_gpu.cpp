@@ -14,6 +14,8 @@
 // not stored again), a recomputed z from the same product: every recompute policy gives the same gradients.
 #include "ops/layernorm_mlp_gpu.hpp"
 
+#include <optional>
+
 #include "cuda/activation_math.hpp"  // quick_gelu_alpha
 #include "cuda/blaslt.hpp"
 #include "cuda/mlp_activation.hpp"
@@ -45,31 +47,58 @@ cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
   throw Error("layernorm_mlp: unknown activation");
 }
 
-// out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless it is undefined), row-major: A stored [M, K],
-// or [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or in T's compute
-// type O (the f32 accumulation rounded once to f32).
-template <class T, class O>
+// out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null), row-major: A stored [M, K], or [K, M]
+// when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute type
+// (the f32 accumulation of 16-bit products rounded once to f32).
+template <class T>
 void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
-             std::int64_t N, std::int64_t K, const Tensor<O>& bias, double beta, Tensor<O>& out) {
-  static_assert(std::is_same_v<O, T> || std::is_same_v<O, compute_t<T>>);
+             std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false) {
   cuda::gemm({.dtype = dtype_v<T>,
               .M = M,
               .N = N,
               .K = K,
               .a = {a.data(), transpose_a ? M : K, 0, transpose_a},
               .b = {b.data(), transpose_b ? K : N, 0, transpose_b},
-              .c = {out.data(), N, 0},
+              .c = {out, N, 0},
               .beta = beta,
-              .bias = bias.defined() ? bias.data() : nullptr,
-              .wide_output = !std::is_same_v<O, T>},
-             out.device().index);
+              .bias = bias,
+              .wide_output = wide},
+             a.device().index);
 }
+
+template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
+
+// A parameter gradient summed in C = compute_t<T> and rounded once to P. Launchers write it straight into P where
+// P is T (their output in T) or C (their wide output); any other P gets it in C, then a cast.
+template <class P, class T> class ParamGrad {
+  using C = compute_t<T>;
+  static constexpr bool direct = std::is_same_v<P, T> || std::is_same_v<P, C>;
+
+ public:
+  static constexpr bool wide = !std::is_same_v<P, T>;  // what the launcher is asked for
+  ParamGrad(const Shape& shape, Device device) {
+    if constexpr (direct) out_ = Tensor<P>(shape, device);
+    else staged_ = Tensor<C>(shape, device);
+  }
+  void* data() {
+    if constexpr (direct) return out_.data();
+    else return staged_.data();
+  }
+  Tensor<P> result() const {
+    if constexpr (direct) return out_;
+    else return cast<P>(staged_);
+  }
+
+ private:
+  Tensor<P> out_;
+  Tensor<C> staged_;
+};
 
 // z = h · W1 + b1, rounded to T once.
 template <class T> Tensor<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
   const auto [M, H, F, n] = s.dims;
   Tensor<T> z(Shape{M, n * F}, h.device());
-  product(h, false, s.w1, false, M, n * F, H, s.b1, 0.0, z);
+  product(h, false, s.w1, false, M, n * F, H, data_or_null(s.b1), 0.0, z.data());
   return z;
 }
 
@@ -88,24 +117,22 @@ template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* me
   return h;
 }
 
-// Σ_rows of t [M, width], summed in T's accumulation type and rounded once to C, then to P [shape].
+// Σ_rows of t [M, width] (summed in T's accumulation type) as P [shape].
 template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64_t width, const Shape& shape) {
-  using C = compute_t<T>;
-  Tensor<C> sums(shape, t.device());
+  ParamGrad<P, T> sums(shape, t.device());
   cuda::sum(dtype_v<T>, t.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index,
-            true);
-  return cast<P>(sums);
+            ParamGrad<P, T>::wide);
+  return sums.result();
 }
 
-// Aᵀ · B over M rows in C (T's products accumulated in C by the tensor cores), rounded once to P [shape]:
-// A [M, K1], B [M, K2] → [K1, K2].
+// Aᵀ · B over M rows (T's products accumulated in C by the tensor cores) as P [shape]: A [M, K1], B [M, K2] →
+// [K1, K2].
 template <class P, class T>
 Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1, std::int64_t k2,
                           const Shape& shape) {
-  using C = compute_t<T>;
-  Tensor<C> out(shape, a.device());
-  product(a, true, b, false, k1, k2, M, Tensor<C>{}, 0.0, out);
-  return cast<P>(out);
+  ParamGrad<P, T> out(shape, a.device());
+  product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
+  return out.result();
 }
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
@@ -139,7 +166,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   Tensor<T> z = first_product(s, h);
   Tensor<T> a(Shape{M, F}, device), y(Shape{M, H}, device);
   cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, F);
-  product(a, false, s.w2, false, M, H, F, s.b2, 0.0, y);
+  product(a, false, s.w2, false, M, H, F, data_or_null(s.b2), 0.0, y.data());
   if (options.recompute == Recompute::save_all) s.h = h;
   if (options.recompute != Recompute::recompute_all) s.z = z;
   return {y, h};
@@ -164,20 +191,22 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
   Tensor<T> a(Shape{M, F}, device), dz;
   if (need_dz) {
     Tensor<T> da(Shape{M, F}, device);
-    product(dy, false, s.w2, true, M, F, H, {}, 0.0, da);
+    product(dy, false, s.w2, true, M, F, H, nullptr, 0.0, da.data());
     dz = Tensor<T>(Shape{M, n * F}, device);
-    Tensor<C> db1, partials;
+    std::optional<ParamGrad<P, T>> db1;
+    Tensor<C> partials;
     if (need.b1) {
-      db1 = Tensor<C>(Shape{n, F}, device);
+      db1.emplace(Shape{n, F}, device);
       partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, F, static_cast<int>(n))}, device);
     }
     cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
                                   {.dz = dz.data(),
                                    .a = need.w2 ? a.data() : nullptr,
-                                   .dbias = need.b1 ? db1.data() : nullptr,
-                                   .partials = need.b1 ? partials.data() : nullptr},
+                                   .dbias = db1 ? db1->data() : nullptr,
+                                   .partials = db1 ? partials.data() : nullptr,
+                                   .wide_dbias = ParamGrad<P, T>::wide},
                                   M, F);
-    if (need.b1) g.db1 = cast<P>(db1);
+    if (db1) g.db1 = db1->result();
   } else {
     cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
   }
@@ -186,12 +215,12 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
   if (!need_dh) return g;
 
   Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
-  product(dz, false, s.w1, true, M, H, n * F, {}, dh_out ? 1.0 : 0.0, dh);
+  product(dz, false, s.w1, true, M, H, n * F, nullptr, dh_out ? 1.0 : 0.0, dh.data());
   // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
   if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
-  Tensor<C> dgamma, dbeta;
-  if (need.gamma) dgamma = Tensor<C>(Shape{H}, device);
-  if (need.beta) dbeta = Tensor<C>(Shape{H}, device);
+  std::optional<ParamGrad<P, T>> dgamma, dbeta;
+  if (need.gamma) dgamma.emplace(Shape{H}, device);
+  if (need.beta) dbeta.emplace(Shape{H}, device);
   Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, need.gamma, need.beta)}, device);
   cuda::norm_backward(s.norm,
                       {.x = s.x.data(),
@@ -200,13 +229,13 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
                        .mean = is_layernorm(s) ? s.mean.data() : nullptr,
                        .rstd = s.rstd.data(),
                        .dx = need.x ? g.dx.data() : nullptr,
-                       .dgamma = need.gamma ? dgamma.data() : nullptr,
-                       .dbeta = need.beta ? dbeta.data() : nullptr,
+                       .dgamma = dgamma ? dgamma->data() : nullptr,
+                       .dbeta = dbeta ? dbeta->data() : nullptr,
                        .partials = partials.data(),
-                       .wide_parameter_grads = true},
+                       .wide_parameter_grads = ParamGrad<P, T>::wide},
                       device.index);
-  if (need.gamma) g.dgamma = cast<P>(dgamma);
-  if (need.beta) g.dbeta = cast<P>(dbeta);
+  if (dgamma) g.dgamma = dgamma->result();
+  if (dbeta) g.dbeta = dbeta->result();
   return g;
 }
 
