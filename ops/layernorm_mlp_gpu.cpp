@@ -6,10 +6,11 @@
 //   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
 //   a  = act(z)           mlp_activation       a, dz = act(z), da · ∂a/∂z and        mlp_activation_backward
 //   y  = a · W2 + b2      cuda::gemm + bias      db1 = Σ_rows dz, in one kernel
-//                                            dW2 = aᵀ·dy, dW1 = hᵀ·dz in C         wide cuda::gemm
+//                                            dW2 = aᵀ·dy, dW1 = hᵀ·dz              cuda::gemm, f32 accumulation
 //                                            dh  = dz · W1ᵀ (+ the returned h's gradient)
-//                                            dx, dγ, dβ = cuda::norm_backward of dh (dγ, dβ in C)
+//                                            dx, dγ, dβ = cuda::norm_backward of dh
 //
+// Every parameter gradient is summed in C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 // A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
 // not stored again), a recomputed z from the same product: every recompute policy gives the same gradients.
 #include "ops/layernorm_mlp_gpu.hpp"
