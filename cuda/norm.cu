@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/async_copy.cuh"
 #include "cuda/partial_sums.hpp"
 #include "cuda/rows.cuh"
 
@@ -225,42 +226,58 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
   }
 }
 
-// The next row's x and dy are loaded, as raw packs, while this row is worked on (reductions, stores): the loads
-// are always in flight, not only between rows. Up to 16 values per thread (two packs of 16-bit types, four of
-// f32) fit 2 blocks per SM; more take one.
+// The rows' x and dy are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the one being
+// worked on: the loads of the next rows stay in flight through this row's reductions and stores, without holding
+// registers (a 16-bit row of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency: bf16
+// reached 75 % of the card's copy). Each thread copies and reads back only its own packs: no barrier guards the
+// stages. Up to 16 values per thread (two packs of 16-bit types, four of f32) fit 2 blocks per SM; more take one.
+template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
+template <int P> constexpr std::size_t staging_bytes = std::size_t{staged_rows<P>} * 2 * P * cached_threads * 16;
+
 template <class S, int P>
 __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ? 2 : 1)
     norm_backward_cached_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
-  constexpr int V = rows::wide_pack<S>;
+  constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
   using Raw = rows::Pack<S, V>;
+  extern __shared__ uint4 staging[];  // [stage][x, dy][pack i][thread], 16 bytes each
+  const auto slot = [&](int stage, int input, int i) -> Raw* {
+    return reinterpret_cast<Raw*>(&staging[((stage * 2 + input) * P + i) * cached_threads + threadIdx.x]);
+  };
   const std::int64_t packs = p.hidden / V;
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
   const C count = static_cast<C>(p.hidden);
-  Raw next_x[P] = {}, next_dy[P] = {};
-  const auto fetch = [&](std::int64_t r) {
+  // Row r's packs into stage `stage`, as one group of copies (an empty group past the chunk: one group per row).
+  const auto fetch = [&](std::int64_t r, int stage) {
+    if (r < last) {
 #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
-        next_x[i] = reinterpret_cast<const Raw*>(p.x + r * p.hidden)[q];
-        next_dy[i] = reinterpret_cast<const Raw*>(p.dy + r * p.hidden)[q];
+      for (int i = 0; i < P; ++i) {
+        if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
+          copy_16_async(slot(stage, 0, i), p.x + r * p.hidden + q * V);
+          copy_16_async(slot(stage, 1, i), p.dy + r * p.hidden + q * V);
+        }
       }
     }
+    commit_async_copies();
   };
-  if (first < last) fetch(first);
+  for (int stage = 0; stage < stages; ++stage) fetch(first + stage, stage);
   C dgamma[P][V] = {}, dbeta[P][V] = {};
   for (std::int64_t r = first; r < last; ++r) {
+    const int stage = static_cast<int>((r - first) % stages);
     const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
-    C xhat[P][V], dy[P][V];
+    wait_async_copies<stages - 1>();  // row r's group has landed
+    C xhat[P][V] = {}, dy[P][V] = {};
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      for (int k = 0; k < V; ++k) {  // past the row's end the raw packs are 0
-        xhat[i][k] = (to_compute<C>(next_x[i].v[k]) - mean) * rstd;
-        dy[i][k] = to_compute<C>(next_dy[i].v[k]);
+      if (cached_pack(i, packs) < 0) continue;
+      const Raw x_pack = *slot(stage, 0, i), dy_pack = *slot(stage, 1, i);
+      for (int k = 0; k < V; ++k) {
+        xhat[i][k] = (to_compute<C>(x_pack.v[k]) - mean) * rstd;
+        dy[i][k] = to_compute<C>(dy_pack.v[k]);
       }
     }
-    if (r + 1 < last) fetch(r + 1);
+    fetch(r + stages, stage);  // the stage is read: refill it
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       for (int k = 0; k < V; ++k) {
@@ -388,8 +405,12 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 problem.zero_centered_gamma ? C(1) : C(0)};
       const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.dy, args.dx});
       const bool cached = dispatch_cached<S>(problem.hidden, wide, [&](auto packs_per_thread) {
-        norm_backward_cached_kernel<S, packs_per_thread()>
-            <<<static_cast<int>(blocks), cached_threads, 0, launch.stream()>>>(p);
+        constexpr int P = packs_per_thread();
+        const auto kernel = norm_backward_cached_kernel<S, P>;
+        // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
+        TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(staging_bytes<P>)));
+        kernel<<<static_cast<int>(blocks), cached_threads, staging_bytes<P>, launch.stream()>>>(p);
         TAPEGRAD_CUDA_CHECK_LAUNCH();
       });
       if (!cached) {
