@@ -186,14 +186,17 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
   const bool need_dz = need_dh || need.w1 || need.b1;
   if (!need_dz && !need.w2) return g;
 
+  // Each temporary is released once its last reader is queued (the pool reuses it in stream order): z after the
+  // activation, a after dW2, dz after dh. A non-gated activation's dz takes da's place (each element is read and
+  // then written by the same thread).
   const Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
-  const Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
+  Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
   const cuda::MlpActivation act = device_activation(s.options);
-  Tensor<T> a(Shape{M, F}, device), dz;
+  Tensor<T> a = need.w2 ? Tensor<T>(Shape{M, F}, device) : Tensor<T>(), dz;
   if (need_dz) {
     Tensor<T> da(Shape{M, F}, device);
     product(dy, false, s.w2, true, M, F, H, nullptr, 0.0, da.data());
-    dz = Tensor<T>(Shape{M, n * F}, device);
+    dz = n == 1 ? da : Tensor<T>(Shape{M, n * F}, device);
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
     if (need.b1) {
@@ -211,12 +214,15 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
   } else {
     cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
   }
+  z = Tensor<T>();
   if (need.w2) g.dw2 = weight_gradient<P>(a, dy, M, F, H, Shape{F, H});
+  a = Tensor<T>();
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, H, n * F, Shape{H, n, F});
   if (!need_dh) return g;
 
   Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
   product(dz, false, s.w1, true, M, H, n * F, nullptr, dh_out ? 1.0 : 0.0, dh.data());
+  dz = Tensor<T>();
   // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
   if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
   std::optional<ParamGrad<P, T>> dgamma, dbeta;
