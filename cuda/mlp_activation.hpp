@@ -26,7 +26,7 @@ void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, c
                             std::int64_t rows, std::int64_t F);
 
 struct MlpActivationGrads {
-  void* dz = nullptr;     // [rows, width·F] in dtype; may be da itself when width is 1 (each element is read first)
+  void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)
   void* a = nullptr;      // [rows, F] in dtype, the recomputed activation; not written when null
   void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype), summed in the compute type; null: none
   void* partials = nullptr;  // scratch for dbias: mlp_activation_partials(rows, F, width) elements of the compute type

@@ -118,7 +118,9 @@ template <class T> struct MlpContext {
   detail::NormRows<T> norm;
   Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent
   Tensor<T> h, z;            // [M, H] and [M, nF], kept by policy
-  detail::DeviceMlp<T> device;  // all of the above, for x on a GPU
+  // All of the above, for x on a GPU. Mutable: the GPU backward releases the saved h and z as soon as it is done
+  // with them (a second backward under retain_graph recomputes them, bitwise the same).
+  mutable detail::DeviceMlp<T> device;
 };
 
 // z = h · W1 + b1, rounded to T once.

@@ -174,7 +174,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
 }
 
 template <class T, class P>
-DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>& dy_in, const Tensor<T>* dh_out,
+DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in, const Tensor<T>* dh_out,
                                          const MlpNeeds& need) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
@@ -186,17 +186,22 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
   const bool need_dz = need_dh || need.w1 || need.b1;
   if (!need_dz && !need.w2) return g;
 
-  // Each temporary is released once its last reader is queued (the pool reuses it in stream order): z after the
-  // activation, a after dW2, dz after dh. A non-gated activation's dz takes da's place (each element is read and
-  // then written by the same thread).
-  const Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
+  // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
+  // and the saved h and z go with them. dW2 comes first, from a recomputed a that then goes; dz is written over z
+  // (each element read, then written, by the same thread), so the activation's backward adds only da.
+  Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
+  s.z = Tensor<T>();  // z's memory becomes dz below
   const cuda::MlpActivation act = device_activation(s.options);
-  Tensor<T> a = need.w2 ? Tensor<T>(Shape{M, F}, device) : Tensor<T>(), dz;
-  if (need_dz) {
+  if (need.w2) {
+    Tensor<T> a(Shape{M, F}, device);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
+    g.dw2 = weight_gradient<P>(a, dy, M, F, H, Shape{F, H});
+  }
+  if (!need_dz) return g;
+  {
     Tensor<T> da(Shape{M, F}, device);
     product(dy, false, s.w2, true, M, F, H, nullptr, 0.0, da.data());
-    dz = n == 1 ? da : Tensor<T>(Shape{M, n * F}, device);
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
     if (need.b1) {
@@ -204,20 +209,17 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
       partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, F, static_cast<int>(n))}, device);
     }
     cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
-                                  {.dz = dz.data(),
-                                   .a = need.w2 ? a.data() : nullptr,
+                                  {.dz = z.data(),
                                    .dbias = db1 ? db1->data() : nullptr,
                                    .partials = db1 ? partials.data() : nullptr,
                                    .wide_dbias = ParamGrad<P, T>::wide},
                                   M, F);
     if (db1) g.db1 = db1->result();
-  } else {
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
   }
-  z = Tensor<T>();
-  if (need.w2) g.dw2 = weight_gradient<P>(a, dy, M, F, H, Shape{F, H});
-  a = Tensor<T>();
+  Tensor<T> dz = std::move(z);  // [M, nF]
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, H, n * F, Shape{H, n, F});
+  h = Tensor<T>();
+  s.h = Tensor<T>();
   if (!need_dh) return g;
 
   Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
@@ -249,7 +251,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>&
 #define TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, P)                                                              \
   template DeviceMlpOutput<T> device_mlp_forward<T, P>(DeviceMlp<T>&, const MlpDims&, const LayerNormMLPOptions&,  \
                                                        const Tensor<T>&, const MlpParams<P>&);                     \
-  template DeviceMlpGrads<T, P> device_mlp_backward<T, P>(const DeviceMlp<T>&, const Tensor<T>&, const Tensor<T>*, \
+  template DeviceMlpGrads<T, P> device_mlp_backward<T, P>(DeviceMlp<T>&, const Tensor<T>&, const Tensor<T>*,       \
                                                           const MlpNeeds&);
 #define TAPEGRAD_INSTANTIATE_DEVICE_MLP(T)                        \
   TAPEGRAD_INSTANTIATE_DEVICE_MLP_PARAMS(T, float)                \

@@ -61,9 +61,10 @@ template <class T, class P> struct DeviceMlpGrads {
   Tensor<P> dgamma, dbeta, dw1, db1, dw2, db2;  // in the parameters' shapes; each undefined unless needed
 };
 
-// dy and, with return_layernorm_output, dh_out are [M, H] (any shape of M·H elements) on the GPU.
+// dy and, with return_layernorm_output, dh_out are [M, H] (any shape of M·H elements) on the GPU. Releases the
+// saved h and z once used (a later call recomputes them, bitwise the same), and writes dz over z's memory.
 template <class T, class P>
-DeviceMlpGrads<T, P> device_mlp_backward(const DeviceMlp<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out,
+DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out,
                                          const MlpNeeds& need);
 
 }  // namespace tapegrad::detail
