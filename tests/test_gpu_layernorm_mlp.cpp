@@ -246,6 +246,32 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU gives bitwise the same output and g
   }
 }
 
+// The backward releases the saved h and z as it goes (and writes dz over z): under retain_graph a second backward
+// recomputes them and must give the same gradients, so the accumulated ones are exactly twice the first.
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU gives the same gradients on a second backward under retain_graph", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  for (Activation act : {Activation::gelu, Activation::swiglu}) {
+    const Case c{.options = options_for(act, NormType::layernorm, Recompute::save_all, false, false),
+                 .x = Shape{6, 24}};
+    CAPTURE(describe(c));
+    const InputPlan p = plan(c);
+    const std::vector<Tensor<T>> values = draw<T>(c, p, 450);
+    std::vector<Var<T>> inputs;
+    for (const Tensor<T>& v : values) inputs.push_back(param(v.to(test::gpu)));
+    const Var<T> y = block_of_inputs(c, inputs);
+    const Tensor<T> dy = randn<T>(y.shape(), 460).to(test::gpu);
+    backward(y, dy, {.retain_graph = true});
+    std::vector<Tensor<double>> once;
+    for (const Var<T>& v : inputs) once.push_back(cast<double>(v.grad().to(Device::cpu())));
+    backward(y, dy);
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      CAPTURE(k);
+      const Tensor<double> twice = cast<double>(inputs[k].grad().to(Device::cpu()));
+      for (std::int64_t i = 0; i < twice.numel(); ++i) REQUIRE(twice.flat(i) == 2 * once[k].flat(i));
+    }
+  }
+}
+
 // Mixed precision: parameters in f32, x (and so h, z, a, y) in T. Against the double reference on the same values,
 // within T's tolerance: W1, W2, γ and β are rounded to T on the GPU, an error of T's rounding like every stage's.
 TEST_CASE_TEMPLATE("layernorm_mlp on the GPU with f32 parameters gives f32 gradients that match the CPU", T,
