@@ -1,12 +1,12 @@
-// GPU: the layernorm_mlp node on the configurations of issue 5, which ../shared/gpu/peer_bench.py times for the
-// peers (PyTorch eager, torch.compile, JAX jit, the six GEMMs alone) on the same math and shapes: bf16, epsilon
-// 1e-5, LN + GELU (tanh) with biases, or RMSNorm + SwiGLU without. For each: the recorded forward (as in
-// training), forward + backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on
-// the GEMM flops (forward 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward +
-// backward step: the most tapegrad held during it beyond what was held before (inputs and parameters), gradients
-// included, as the peers' peak_extra_mib; and the forward + backward step captured once as a CUDA graph
-// (cuda/graph.hpp) and replayed ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of GEMM
-// algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
+// GPU: the layernorm_mlp node on the configurations of issue 5, which ../shared/gpu/peer_bench.py times for the peers
+// (PyTorch eager, torch.compile, JAX jit, the six GEMMs alone) on the same math and shapes: bf16, epsilon 1e-5, LN +
+// GELU (tanh) with biases, or RMSNorm + SwiGLU without. For each: the recorded forward (as in training), forward +
+// backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on the GEMM flops (forward
+// 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward + backward step: the most
+// tapegrad held during it beyond what was held before (inputs and parameters), gradients included, as the peers'
+// peak_extra_mib; and the forward + backward step captured once as a CUDA graph (cuda/graph.hpp) and replayed
+// ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
+// GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
 #include <cmath>
 #include <string>
 

@@ -51,8 +51,9 @@ DType output_dtype(const GemmArgs& g) {
 
 std::string describe(const GemmArgs& g) {
   const Extent a = stored_a(g), b = stored_b(g);
-  return detail::concat(dtype_name(g.dtype), output_dtype(g) != g.dtype ? " (f32 output)" : "", " gemm of op(A) [", g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N,
-                        "], batch ", g.batch, ": A stored [", a.rows, ", ", a.cols, "]",
+  return detail::concat(dtype_name(g.dtype), output_dtype(g) != g.dtype ? " (f32 output)" : "", " gemm of op(A) [",
+                        g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N, "], batch ", g.batch, ": A stored [", a.rows,
+                        ", ", a.cols, "]",
                         g.a.transpose ? " (transposed)" : "", " with lda ", g.a.ld, " and batch stride ",
                         g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
                         g.b.transpose ? " (transposed)" : "", " with ldb ", g.b.ld, " and batch stride ",

@@ -1,22 +1,22 @@
 // Matrix products on the GPU through cuBLASLt. Plain C++ (see cuda/enabled.hpp for how ops call it).
 //
-//   C_i = alpha · op(A_i) · op(B_i) + beta · C_i (+ bias)      for every batch entry i < batch
+// C_i = alpha · op(A_i) · op(B_i) + beta · C_i (+ bias)      for every batch entry i < batch
 //
 // on row-major matrices: op(A_i) is [M, K], stored [M, K] or, transposed, [K, M], its rows `ld` elements apart and
 // matrix i starting `i · batch_stride` elements after `data` (batch_stride 0: the same matrix for every entry);
-// likewise op(B_i) is [K, N], and C_i is [M, N]. beta == 0 never reads C. K == 0 gives C_i = beta · C_i (+ bias).
-// The work is queued on the device's current stream; nothing waits for it.
+// likewise op(B_i) is [K, N], and C_i is [M, N]. beta == 0 never reads C. K == 0 gives C_i = beta · C_i (+ bias). The
+// work is queued on the device's current stream; nothing waits for it.
 //
-// Precision: f64 multiplies and accumulates in f64. f32 is exact FP32 unless set_allow_tf32(true): then the inputs
-// are rounded to TF32 (10-bit mantissa) for the tensor cores, accumulating in f32. bf16/f16 multiply and accumulate
-// in f32 and round once to the output; split-K partial sums are kept in f32 too. alpha and beta are f32 except for
-// f64. The same call on the same device gives bitwise the same result every run.
+// Precision: f64 multiplies and accumulates in f64. f32 is exact FP32 unless set_allow_tf32(true): then the inputs are
+// rounded to TF32 (10-bit mantissa) for the tensor cores, accumulating in f32. bf16/f16 multiply and accumulate in f32
+// and round once to the output; split-K partial sums are kept in f32 too. alpha and beta are f32 except for f64. The
+// same call on the same device gives bitwise the same result every run.
 //
 // Cost of a call: the algorithm is chosen once per problem (shapes, dtypes, transposes, batch, strides, pointer
-// alignments, bias or not, TF32 or not, autotuned or not) and cached; its workspace, at most 32 MiB and only what the chosen
-// algorithm needs, comes from the device's stream-ordered pool on the current stream and goes back after the
-// product (the pool caches it, so a repeated call allocates nothing from the driver). One cuBLASLt handle per
-// device, created on first use and shared by all threads.
+// alignments, bias or not, TF32 or not, autotuned or not) and cached; its workspace, at most 32 MiB and only what the
+// chosen algorithm needs, comes from the device's stream-ordered pool on the current stream and goes back after the
+// product (the pool caches it, so a repeated call allocates nothing from the driver). One cuBLASLt handle per device,
+// created on first use and shared by all threads.
 #pragma once
 
 #include <cstdint>

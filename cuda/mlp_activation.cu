@@ -1,11 +1,11 @@
 // The activation step of layernorm_mlp (interface: cuda/mlp_activation.hpp).
 //
-// One kernel for both directions. The rows are cut into chunks (a function of the shape only); block (t, c) takes
-// the t-th tile of threads · V columns over chunk c's rows, thread by thread the same V columns of every row (and
-// of the gate half, for gated activations), read V at a time: 16 bytes where the rows allow, one element
-// otherwise. Each thread loads a few rows (rows_in_flight) before computing any. Backward, each thread adds its columns of
-// dz (as rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial row;
-// sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
+// One kernel for both directions. The rows are cut into chunks (a function of the shape only); block (t, c) takes the
+// t-th tile of threads · V columns over chunk c's rows, thread by thread the same V columns of every row (and of the
+// gate half, for gated activations), read V at a time: 16 bytes where the rows allow, one element otherwise. Each
+// thread loads a few rows (rows_in_flight) before computing any. Backward, each thread adds its columns of dz (as
+// rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial row; sum_partials adds
+// the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
 #include "cuda/mlp_activation.hpp"
 
 #include "cuda/activation_math.hpp"

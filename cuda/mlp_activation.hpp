@@ -1,6 +1,6 @@
-// The activation step of layernorm_mlp on the GPU: a = fn(z₀)·gate(z₁) over rows of z = [z₀ | z₁] (z₁ only for
-// gated activations), and its backward dz = da·∂a/∂z with the bias gradient Σ_rows dz. The same formulas as the CPU's ops/mlp_activation.hpp, per
-// element from cuda/activation_math.hpp. Plain C++.
+// The activation step of layernorm_mlp on the GPU: a = fn(z₀)·gate(z₁) over rows of z = [z₀ | z₁] (z₁ only for gated
+// activations), and its backward dz = da·∂a/∂z with the bias gradient Σ_rows dz. The same formulas as the CPU's
+// ops/mlp_activation.hpp, per element from cuda/activation_math.hpp. Plain C++.
 #pragma once
 
 #include <cstdint>

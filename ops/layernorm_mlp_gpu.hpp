@@ -1,12 +1,11 @@
-// layernorm_mlp's GPU path: the CPU's algorithm (ops/layernorm_mlp.cpp) step by step on the launchers of cuda/,
-// every temporary a device tensor; the activation backward and the bias gradient db1 in one kernel. Also the types both paths share. Internal:
-// included by ops/layernorm_mlp*.cpp only.
+// layernorm_mlp's GPU path: the CPU's algorithm (ops/layernorm_mlp.cpp) step by step on the launchers of cuda/, every
+// temporary a device tensor; the activation backward and the bias gradient db1 in one kernel. Also the types both paths
+// share. Internal: included by ops/layernorm_mlp*.cpp only.
 //
-// Where it differs from the CPU: γ and β are rounded to T for the norm (the CPU widens P to C), so with P wider
-// than T the norm output sees γ and β at T's precision. Everything else is rounded where the CPU rounds: h, z, a
-// and y once to T; the bias and weight gradients and dγ, dβ summed in C = compute_t<T> and rounded once to P
-// (16-bit GEMMs write f32 for that, the norm backward sums dγ, dβ in C). db1 sums dz after its rounding to T, where
-// the CPU sums it before.
+// Where it differs from the CPU: γ and β are rounded to T for the norm (the CPU widens P to C), so with P wider than T
+// the norm output sees γ and β at T's precision. Everything else is rounded where the CPU rounds: h, z, a and y once to
+// T; the bias and weight gradients and dγ, dβ summed in C = compute_t<T> and rounded once to P (16-bit GEMMs write f32
+// for that, the norm backward sums dγ, dβ in C). db1 sums dz after its rounding to T, where the CPU sums it before.
 #pragma once
 
 #include <cstdint>
