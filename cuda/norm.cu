@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     norm_backward_cached_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>;
-  using Raw = rows::Pack<S, V>;
+  using Raw = Pack<S, V>;
   const std::int64_t packs = p.hidden / V;
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
