@@ -92,11 +92,6 @@ struct ElementStaging {
   std::int8_t slot[max_element_inputs] = {};   // input k's slot, -1 when it is not staged
 };
 
-// V contiguous values of S, moved in 16-byte accesses where V·sizeof(S) is a multiple of 16.
-template <class S, int V> struct alignas(sizeof(S) * V < 16 ? sizeof(S) * V : 16) Pack {
-  S v[V];
-};
-
 // Runs the program on one group of V elements with R registers: load(k, x) fetches input k, store(j, x) writes
 // output j.
 template <class C, int V, int R, class Load, class Store>

@@ -49,6 +49,12 @@ template <class S, class C> __device__ __forceinline__ S from_compute(C v) {
   }
 }
 
+// V contiguous values of S, moved in 16-byte accesses where V·sizeof(S) is a multiple of 16 (aligned to at most 16
+// bytes: a larger pack is two or more such accesses, and its address need not be aligned beyond them).
+template <class S, int V> struct alignas(sizeof(S) * V < 16 ? sizeof(S) * V : 16) Pack {
+  S v[V];
+};
+
 // Calls fn(S{}) with S the storage type of the floating dtype `dtype`; throws naming `op` for any other dtype.
 template <class Fn> void dispatch_float(DType dtype, std::string_view op, Fn&& fn) {
   switch (dtype) {

@@ -80,7 +80,6 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
                                                              std::int64_t rows, std::int64_t F,
                                                              std::int64_t chunk_rows) {
   using C = compute_of<S>;
-  using Pack = rows::Pack<S, V>;
   const int width = act.width();
   const std::int64_t col = (blockIdx.x * std::int64_t{threads} + threadIdx.x) * V;
   if (col >= F) return;
@@ -88,20 +87,20 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
   constexpr int R = rows_in_flight<S>;
   C sum0[V] = {}, sum1[V] = {};
   for (std::int64_t r0 = first; r0 < last; r0 += R) {
-    Pack z0[R], z1[R], d[R];
+    Pack<S, V> z0[R], z1[R], d[R];
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       if (r0 + k >= last) break;
       const S* z = b.z + (r0 + k) * width * F + col;
-      z0[k] = *reinterpret_cast<const Pack*>(z);
-      if (width == 2) z1[k] = *reinterpret_cast<const Pack*>(z + F);
-      if constexpr (Backward) d[k] = *reinterpret_cast<const Pack*>(b.da + (r0 + k) * F + col);
+      z0[k] = *reinterpret_cast<const Pack<S, V>*>(z);
+      if (width == 2) z1[k] = *reinterpret_cast<const Pack<S, V>*>(z + F);
+      if constexpr (Backward) d[k] = *reinterpret_cast<const Pack<S, V>*>(b.da + (r0 + k) * F + col);
     }
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const std::int64_t r = r0 + k;
       if (r >= last) break;
-      Pack a, dz0, dz1;
+      Pack<S, V> a, dz0, dz1;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         C grad, gate_grad;
@@ -122,11 +121,11 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
         }
         a.v[v] = from_compute<S>(value);
       }
-      if (!Backward || b.a) *reinterpret_cast<Pack*>(b.a + r * F + col) = a;
+      if (!Backward || b.a) *reinterpret_cast<Pack<S, V>*>(b.a + r * F + col) = a;
       if constexpr (Backward) {
         S* dz = b.dz + r * width * F + col;
-        *reinterpret_cast<Pack*>(dz) = dz0;
-        if (width == 2) *reinterpret_cast<Pack*>(dz + F) = dz1;
+        *reinterpret_cast<Pack<S, V>*>(dz) = dz0;
+        if (width == 2) *reinterpret_cast<Pack<S, V>*>(dz + F) = dz1;
       }
     }
   }

@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     norm_backward_cached_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
-  using Raw = rows::Pack<S, V>;
+  using Raw = Pack<S, V>;
   extern __shared__ uint4 staging[];  // [stage][x, dy][pack i][thread], 16 bytes each
   const auto slot = [&](int stage, int input, int i) -> Raw* {
     return reinterpret_cast<Raw*>(&staging[((stage * 2 + input) * P + i) * cached_threads + threadIdx.x]);

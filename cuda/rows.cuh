@@ -102,10 +102,6 @@ template <int Threads> struct RowGroup {
 
 // ---- packs --------------------------------------------------------------------------------------------------------
 
-template <class S, int V> struct alignas(sizeof(S) * V) Pack {
-  S v[V];
-};
-
 // The V elements of pack p of `row`, in C.
 template <int V, class S, class C> __device__ __forceinline__ void load(const S* row, std::int64_t p, C (&out)[V]) {
   const Pack<S, V> pack = reinterpret_cast<const Pack<S, V>*>(row)[p];
