@@ -3,12 +3,12 @@
 //
 //   forward                                  backward (dy [M, H])
 //   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
-//   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
-//   a  = act(z)           mlp_activation       a, dz = act(z), da · ∂a/∂z and        mlp_activation_backward
-//   y  = a · W2 + b2      cuda::gemm + bias      db1 = Σ_rows dz, in one kernel
-//                                            dW2 = aᵀ·dy, dW1 = hᵀ·dz              cuda::gemm, f32 accumulation
-//                                            dh  = dz · W1ᵀ (+ the returned h's gradient)
+//   z  = h · W1 + b1      cuda::gemm + bias    a = act(z); dW2 = aᵀ·dy               mlp_activation, cuda::gemm
+//   a  = act(z)           mlp_activation       da  = dy · W2ᵀ                        cuda::gemm
+//   y  = a · W2 + b2      cuda::gemm + bias    dz = da · ∂a/∂z and db1 = Σ_rows dz   mlp_activation_backward
+//                                            dW1 = hᵀ·dz; dh = dz · W1ᵀ (+ the returned h's gradient)
 //                                            dx, dγ, dβ = cuda::norm_backward of dh
+// (the weight gradients accumulate in f32 on the tensor cores)
 //
 // Every parameter gradient is summed in C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 // A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
