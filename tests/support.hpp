@@ -17,9 +17,18 @@ TYPE_TO_STRING(tapegrad::f16);
 
 namespace tapegrad::test {
 
+// atol_in_rms: atol counts in units of the reference's root mean square where that exceeds 1 (for sums over many
+// terms, whose rounding grows with their typical size while single elements may cancel to near zero).
 struct Tolerance {
   double rtol, atol;
+  bool atol_in_rms = false;
 };
+
+inline double root_mean_square(const Tensor<double>& t) {
+  double sum_sq = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) sum_sq += t.flat(i) * t.flat(i);
+  return t.numel() == 0 ? 0.0 : std::sqrt(sum_sq / static_cast<double>(t.numel()));
+}
 
 // The element farthest outside the tolerance: its index and |got - want| / (atol + rtol·|want|) (<= 1 passes).
 struct Worst {
@@ -28,10 +37,11 @@ struct Worst {
 };
 template <class T> Worst worst_element(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
   REQUIRE(got.shape() == want.shape());
+  const double atol = tol.atol * (tol.atol_in_rms ? std::max(1.0, root_mean_square(want)) : 1.0);
   Worst worst;
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     const double diff = std::abs(convert<double>(got.flat(i)) - want.flat(i));
-    double ratio = diff == 0.0 ? 0.0 : diff / (tol.atol + tol.rtol * std::abs(want.flat(i)));
+    double ratio = diff == 0.0 ? 0.0 : diff / (atol + tol.rtol * std::abs(want.flat(i)));
     if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
     if (ratio > worst.ratio) worst = {ratio, i};
   }
@@ -42,7 +52,7 @@ template <class T> Worst worst_element(const Tensor<T>& got, const Tensor<double
 template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& want, Tolerance tol) {
   const Worst worst = worst_element(got, want, tol);
   INFO("worst element ", worst.at, " of shape ", got.shape(), ": got ", convert<double>(got.flat(worst.at)),
-       ", want ", want.flat(worst.at), " (rtol ", tol.rtol, ", atol ", tol.atol, ")");
+       ", want ", want.flat(worst.at), " (rtol ", tol.rtol, ", atol ", tol.atol, tol.atol_in_rms ? " × the reference's rms" : "", ")");
   CHECK(worst.ratio <= 1.0);
 }
 
