@@ -32,7 +32,15 @@ template <class S> TAPEGRAD_HOST_DEVICE inline S times_vanishing(S a, S b) {
   return std::fabs(b) < smallest_normal<S>() ? S(0) : a * b;
 }
 
-template <class S> TAPEGRAD_HOST_DEVICE inline S sigmoid(S x) { return S(1) / (S(1) + std::exp(-x)); }
+// Fast: in f32 on the GPU, the hardware's exp and division (a few ulp of f32 apart from the accurate ones), for
+// values stored in 16 bits, whose rounding is 2^13 times coarser; the accurate form everywhere else.
+template <bool Fast = false, class S> TAPEGRAD_HOST_DEVICE inline S sigmoid(S x) {
+#ifdef __CUDA_ARCH__
+  // __fdividef(1, y) is 0 for y beyond 2^126, where σ is below f32's normal range anyway.
+  if constexpr (Fast && sizeof(S) == 4) return __fdividef(1.0f, 1.0f + __expf(-x));
+#endif
+  return S(1) / (S(1) + std::exp(-x));
+}
 
 template <class S> TAPEGRAD_HOST_DEVICE inline S relu(S x, S* grad) {
   if (grad) *grad = x > S(0) ? S(1) : S(0);
@@ -46,21 +54,21 @@ template <class S> TAPEGRAD_HOST_DEVICE inline S squared_relu(S x, S* grad) {
 }
 
 // x·σ(z) for z = z(x), with derivative σ(z) + x·σ(z)(1 - σ(z))·dz.
-template <class S> TAPEGRAD_HOST_DEVICE inline S times_sigmoid(S x, S z, S dz, S* grad) {
-  const S s = sigmoid(z);
+template <bool Fast = false, class S> TAPEGRAD_HOST_DEVICE inline S times_sigmoid(S x, S z, S dz, S* grad) {
+  const S s = sigmoid<Fast>(z);
   if (grad) *grad = s + times_vanishing(x * dz, s * (S(1) - s));
   return times_vanishing(x, s);
 }
 
 // x·σ(alpha·x): silu for alpha = 1, quick_gelu for alpha = 1.702.
-template <class S> TAPEGRAD_HOST_DEVICE inline S swish(S x, S alpha, S* grad) {
-  return times_sigmoid(x, alpha * x, alpha, grad);
+template <bool Fast = false, class S> TAPEGRAD_HOST_DEVICE inline S swish(S x, S alpha, S* grad) {
+  return times_sigmoid<Fast>(x, alpha * x, alpha, grad);
 }
 
 // 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³), computed as x·σ(2u).
-template <class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh(S x, S* grad) {
+template <bool Fast = false, class S> TAPEGRAD_HOST_DEVICE inline S gelu_tanh(S x, S* grad) {
   const S k0 = S(2 * sqrt_2_over_pi), k1 = S(gelu_tanh_cubic);
-  return times_sigmoid(x, k0 * (x + k1 * x * x * x), k0 * (S(1) + S(3) * k1 * x * x), grad);
+  return times_sigmoid<Fast>(x, k0 * (x + k1 * x * x * x), k0 * (S(1) + S(3) * k1 * x * x), grad);
 }
 
 // x·Φ(x), Φ the standard normal CDF; derivative Φ(x) + x·φ(x).

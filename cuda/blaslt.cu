@@ -33,9 +33,12 @@ constexpr std::uint64_t max_workspace_bytes = std::uint64_t{32} << 20;
 std::atomic<bool> tf32_allowed{false};
 std::atomic<bool> autotune_enabled{false};
 
-// How many of cuBLASLt's candidates autotuning times, and how many runs each.
+// How many of cuBLASLt's candidates autotuning times, in how many rounds of how many runs each. Rounds visit every
+// candidate in turn and each keeps its fastest round: a GPU's clock falls as it warms, and timing candidates one
+// after another would favour the first ones.
 constexpr int tuning_candidates = 8;
-constexpr int tuning_runs = 5;
+constexpr int tuning_rounds = 3;
+constexpr int tuning_runs = 3;
 
 // A matrix's extent as stored, [rows, cols].
 struct Extent {
@@ -307,17 +310,20 @@ Algo choose_algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, co
   const Candidates found = candidates(handle, p, g, key, tune ? tuning_candidates : 1);
   if (!tune || found.count == 1) return found.algos[0];
   const Workspace out(static_cast<std::size_t>(output_span(g)) * dtype_size(output_dtype(g)), launch.device());
-  Algo best = found.algos[0];
-  float best_ms = -1.0f;
-  for (int i = 0; i < found.count; ++i) {
-    const Algo& algo = found.algos[static_cast<std::size_t>(i)];
-    const float ms = time_candidate(handle, p, g, algo, out.data(), launch.stream(), launch.device());
-    if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) {
-      best = algo;
-      best_ms = ms;
+  const auto count = static_cast<std::size_t>(found.count);
+  std::array<float, tuning_candidates> fastest;  // ms per run; negative once refused
+  for (int round = 0; round < tuning_rounds; ++round) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (round > 0 && fastest[i] < 0.0f) continue;
+      const float t = time_candidate(handle, p, g, found.algos[i], out.data(), launch.stream(), launch.device());
+      fastest[i] = round == 0 || t < 0.0f ? t : std::min(fastest[i], t);
     }
   }
-  return best;
+  std::size_t best = 0;  // the heuristic's first where every candidate was refused
+  for (std::size_t i = 0; i < count; ++i) {
+    if (fastest[i] >= 0.0f && (fastest[best] < 0.0f || fastest[i] < fastest[best])) best = i;
+  }
+  return found.algos[best];
 }
 
 // The algorithm of a problem, chosen on its first call. The first choice stored wins, so that every later call

@@ -41,9 +41,9 @@ template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmeti
   else if constexpr (Op == ElementOp::relu_grad) return derivative<C>([&](C* g) { act::relu(x, g); });
   else if constexpr (Op == ElementOp::squared_relu) return act::squared_relu<C>(x, nullptr);
   else if constexpr (Op == ElementOp::squared_relu_grad) return derivative<C>([&](C* g) { act::squared_relu(x, g); });
-  else if constexpr (Op == ElementOp::swish) return act::swish<C>(x, s, nullptr);
+  else if constexpr (Op == ElementOp::swish) return act::swish<false, C>(x, s, nullptr);
   else if constexpr (Op == ElementOp::swish_grad) return derivative<C>([&](C* g) { act::swish(x, s, g); });
-  else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<C>(x, nullptr);
+  else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<false, C>(x, nullptr);
   else if constexpr (Op == ElementOp::gelu_tanh_grad) return derivative<C>([&](C* g) { act::gelu_tanh(x, g); });
   else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
   else {

@@ -18,29 +18,48 @@ namespace {
 
 namespace act = tapegrad::activation;
 
-// fn(x), and fn'(x) into *grad unless null. Clamps differentiate as torch.clamp: 1 on the closed interval.
-template <class C> __device__ __forceinline__ C function_of(const MlpActivation& a, C x, C* grad) {
+// What a kernel is compiled for: GELU and SwiGLU, the common ones, as fixed forms (the compiler can then interleave
+// the values of a pack, where a switch per value keeps them apart), any activation through the general switch. A
+// fixed form computes exactly what the switch does for it.
+enum class Form { general, gelu, swiglu };
+
+Form form_of(const MlpActivation& a) {
+  if (a.fn == MlpFunction::gelu_tanh && a.gate == MlpGate::none) return Form::gelu;
+  if (a.fn == MlpFunction::swish && a.gate == MlpGate::linear && a.alpha == 1.0) return Form::swiglu;
+  return Form::general;
+}
+
+template <Form F> __device__ __forceinline__ int width_of(const MlpActivation& a) {
+  if constexpr (F == Form::general) return a.width();
+  else return F == Form::gelu ? 1 : 2;
+}
+
+// fn(x), and fn'(x) into *grad unless null. Clamps differentiate as torch.clamp: 1 on the closed interval. Fast:
+// the sigmoids with the hardware's exp and division (for 16-bit storage; activation_math.hpp).
+template <Form F, bool Fast, class C> __device__ __forceinline__ C function_of(const MlpActivation& a, C x, C* grad) {
+  if constexpr (F == Form::gelu) return act::gelu_tanh<Fast>(x, grad);
+  if constexpr (F == Form::swiglu) return act::swish<Fast>(x, C(1), grad);
   switch (a.fn) {
     case MlpFunction::relu: return act::relu(x, grad);
-    case MlpFunction::gelu_tanh: return act::gelu_tanh(x, grad);
-    case MlpFunction::swish: return act::swish(x, C(a.alpha), grad);
+    case MlpFunction::gelu_tanh: return act::gelu_tanh<Fast>(x, grad);
+    case MlpFunction::swish: return act::swish<Fast>(x, C(a.alpha), grad);
     case MlpFunction::squared_relu: return act::squared_relu(x, grad);
     case MlpFunction::sigmoid: {
-      const C s = act::sigmoid(x);
+      const C s = act::sigmoid<Fast>(x);
       if (grad) *grad = s * (C(1) - s);
       return s;
     }
     default: {  // clamped_swish: swish of min(x, limit)
       const C limit = C(a.limit);
-      const C value = act::swish(x < limit ? x : limit, C(a.alpha), grad);
+      const C value = act::swish<Fast>(x < limit ? x : limit, C(a.alpha), grad);
       if (grad && !(x <= limit)) *grad = C(0);
       return value;
     }
   }
 }
 
-template <class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, C x, C* grad) {
-  if (a.gate == MlpGate::linear) {
+template <Form F, class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, C x, C* grad) {
+  if (F == Form::swiglu || a.gate == MlpGate::linear) {
     if (grad) *grad = C(1);
     return x;
   }
@@ -75,12 +94,12 @@ template <class S> struct Buffers {
   compute_of<S>* partials;   // backward; null: no bias gradient
 };
 
-template <class S, int V, bool Backward>
+template <class S, int V, bool Backward, Form Fixed>
 __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivation act, const Buffers<S> b,
                                                              std::int64_t rows, std::int64_t F,
                                                              std::int64_t chunk_rows) {
   using C = compute_of<S>;
-  const int width = act.width();
+  const int width = width_of<Fixed>(act);
   const std::int64_t col = (blockIdx.x * std::int64_t{threads} + threadIdx.x) * V;
   if (col >= F) return;
   const std::int64_t first = blockIdx.y * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
@@ -104,9 +123,9 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         C grad, gate_grad;
-        C value = function_of<C>(act, to_compute<C>(z0[k].v[v]), Backward ? &grad : nullptr);
+        C value = function_of<Fixed, sizeof(S) == 2>(act, to_compute<C>(z0[k].v[v]), Backward ? &grad : nullptr);
         if (width == 2) {
-          const C gate = gate_of<C>(act, to_compute<C>(z1[k].v[v]), Backward ? &gate_grad : nullptr);
+          const C gate = gate_of<Fixed, C>(act, to_compute<C>(z1[k].v[v]), Backward ? &gate_grad : nullptr);
           if constexpr (Backward) {
             const C dv = to_compute<C>(d[k].v[v]);
             dz0.v[v] = from_compute<S>(dv * gate * grad);
@@ -152,8 +171,16 @@ void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b
   const std::int64_t per_block = std::int64_t{threads} * (packs ? wide : 1);
   const dim3 grid(static_cast<unsigned>((F + per_block - 1) / per_block), static_cast<unsigned>(chunks(rows, F)));
   const std::int64_t per_chunk = chunk_rows(rows, F);
-  if (packs) activation_kernel<S, wide, Backward><<<grid, threads, 0, launch.stream()>>>(act, b, rows, F, per_chunk);
-  else activation_kernel<S, 1, Backward><<<grid, threads, 0, launch.stream()>>>(act, b, rows, F, per_chunk);
+  const cudaStream_t stream = launch.stream();
+  if (!packs) {
+    activation_kernel<S, 1, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+  } else if (form_of(act) == Form::gelu) {
+    activation_kernel<S, wide, Backward, Form::gelu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+  } else if (form_of(act) == Form::swiglu) {
+    activation_kernel<S, wide, Backward, Form::swiglu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+  } else {
+    activation_kernel<S, wide, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+  }
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,6 +21,8 @@
 #include "cuda/blaslt.hpp"
 #include "cuda/mlp_activation.hpp"
 #include "cuda/reduce.hpp"
+#include "cuda/strided_copy.hpp"
+#include "tensor/factories.hpp"
 
 namespace tapegrad::detail {
 
@@ -69,35 +71,67 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
 
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 
-// A parameter gradient summed in C = compute_t<T> and rounded once to P. Launchers write it straight into P where
-// P is T (their output in T) or C (their wide output); any other P gets it in C, then a cast.
+// Hidden and ffn sizes rounded up to 16 bytes of T (ops/layernorm_mlp_gpu.hpp says why).
+template <class T> MlpDims padded_dims(const MlpDims& d) {
+  constexpr std::int64_t v = 16 / sizeof(T);
+  const auto up = [](std::int64_t n) { return (n + v - 1) / v * v; };
+  return {d.rows, up(d.hidden), up(d.ffn), d.width};
+}
+
+// Copies the leading corner that compact arrays of shapes `from` and `to` (same rank) share: min(from, to) along
+// each axis, from src into dst.
+void copy_corner(DType dtype, const void* src, const Shape& from, void* dst, const Shape& to, int device) {
+  std::vector<cuda::CopyAxis> axes(static_cast<std::size_t>(from.rank()));
+  std::int64_t src_stride = 1, dst_stride = 1;
+  for (int a = from.rank() - 1; a >= 0; --a) {
+    axes[static_cast<std::size_t>(a)] = {std::min(from.dim(a), to.dim(a)), src_stride, dst_stride};
+    src_stride *= from.dim(a);
+    dst_stride *= to.dim(a);
+  }
+  cuda::strided_copy(dtype, src, dst, axes, device);
+}
+
+// t in the leading corner of a zero tensor of `shape`; t itself where it has that shape.
+template <class T> Tensor<T> padded(const Tensor<T>& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  Tensor<T> out = zeros<T>(shape, t.device());
+  copy_corner(dtype_v<T>, t.data(), t.shape(), out.data(), shape, t.device().index);
+  return out;
+}
+
+// The leading corner `shape` of t, compact; t itself where it has that shape.
+template <class T> Tensor<T> cropped(const Tensor<T>& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  Tensor<T> out(shape, t.device());
+  copy_corner(dtype_v<T>, t.data(), t.shape(), out.data(), shape, t.device().index);
+  return out;
+}
+
+// A parameter gradient summed in C = compute_t<T> and rounded once to P. Launchers write it (in the padded shape)
+// straight into P where P is T (their output in T) or C (their wide output); any other P gets it in C, then a cast.
 template <class P, class T> class ParamGrad {
   using C = compute_t<T>;
-  static constexpr bool direct = std::is_same_v<P, T> || std::is_same_v<P, C>;
+  using Written = std::conditional_t<std::is_same_v<P, T>, T, C>;
 
  public:
   static constexpr bool wide = !std::is_same_v<P, T>;  // what the launcher is asked for
-  ParamGrad(const Shape& shape, Device device) {
-    if constexpr (direct) out_ = Tensor<P>(shape, device);
-    else staged_ = Tensor<C>(shape, device);
-  }
-  void* data() {
-    if constexpr (direct) return out_.data();
-    else return staged_.data();
-  }
+  ParamGrad(const Shape& shape, const Shape& padded_shape, Device device)
+      : shape_(shape), written_(padded_shape, device) {}
+  void* data() { return written_.data(); }
   Tensor<P> result() const {
-    if constexpr (direct) return out_;
-    else return cast<P>(staged_);
+    const Tensor<Written> out = cropped(written_, shape_);
+    if constexpr (std::is_same_v<P, Written>) return out;
+    else return cast<P>(out);
   }
 
  private:
-  Tensor<P> out_;
-  Tensor<C> staged_;
+  Shape shape_;
+  Tensor<Written> written_;
 };
 
-// z = h · W1 + b1, rounded to T once.
+// z = h · W1 + b1 (padded), rounded to T once.
 template <class T> Tensor<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
-  const auto [M, H, F, n] = s.dims;
+  const auto [M, H, F, n] = s.padded;
   Tensor<T> z(Shape{M, n * F}, h.device());
   product(h, false, s.w1, false, M, n * F, H, data_or_null(s.b1), 0.0, z.data());
   return z;
@@ -120,20 +154,25 @@ template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* me
 
 // Σ_rows of t [M, width] (summed in T's accumulation type) as P [shape].
 template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64_t width, const Shape& shape) {
-  ParamGrad<P, T> sums(shape, t.device());
+  ParamGrad<P, T> sums(shape, shape, t.device());
   cuda::sum(dtype_v<T>, t.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index,
             ParamGrad<P, T>::wide);
   return sums.result();
 }
 
 // Aᵀ · B over M rows (T's products accumulated in C by the tensor cores) as P [shape]: A [M, K1], B [M, K2] →
-// [K1, K2].
+// [K1, K2] (of `padded_shape`), cropped to `shape`.
 template <class P, class T>
 Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1, std::int64_t k2,
-                          const Shape& shape) {
-  ParamGrad<P, T> out(shape, a.device());
+                          const Shape& shape, const Shape& padded_shape) {
+  ParamGrad<P, T> out(shape, padded_shape, a.device());
   product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
   return out.result();
+}
+
+// h recomputed, padded for the GEMMs.
+template <class T> Tensor<T> padded_norm_output(const DeviceMlp<T>& s) {
+  return padded(norm_output(s, nullptr, nullptr), Shape{s.dims.rows, s.padded.hidden});
 }
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
@@ -145,6 +184,8 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
                                       const Tensor<T>& x, const MlpParams<P>& params) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = dims;
+  s.padded = padded_dims<T>(dims);
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = x.device();
   s.options = options;
   s.dims = dims;
@@ -156,21 +197,22 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.x = x;
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = cast<T>(params.w1);
-  s.w2 = cast<T>(params.w2);
-  if (params.b1) s.b1 = cast<T>(*params.b1);
-  if (params.b2) s.b2 = cast<T>(*params.b2);
+  s.w1 = padded(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
+  s.w2 = padded(cast<T>(params.w2), Shape{Fp, Hp});
+  if (params.b1) s.b1 = padded(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
+  if (params.b2) s.b2 = padded(cast<T>(*params.b2), Shape{Hp});
   s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
   s.rstd = Tensor<C>(Shape{M}, device);
 
-  Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
-  Tensor<T> z = first_product(s, h);
-  Tensor<T> a(Shape{M, F}, device), y(Shape{M, H}, device);
-  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, F);
-  product(a, false, s.w2, false, M, H, F, data_or_null(s.b2), 0.0, y.data());
-  if (options.recompute == Recompute::save_all) s.h = h;
+  const Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
+  const Tensor<T> hp = padded(h, Shape{M, Hp});
+  Tensor<T> z = first_product(s, hp);
+  Tensor<T> a(Shape{M, Fp}, device), y(Shape{M, Hp}, device);
+  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, Fp);
+  product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
+  if (options.recompute == Recompute::save_all) s.h = hp;
   if (options.recompute != Recompute::recompute_all) s.z = z;
-  return {y, h};
+  return {cropped(y, Shape{M, H}), h};
 }
 
 template <class T, class P>
@@ -178,6 +220,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
                                          const MlpNeeds& need) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = dy_in.device();
   const Tensor<T> dy = dy_in.reshape(Shape{M, H});
   DeviceMlpGrads<T, P> g;
@@ -189,47 +232,53 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
   // and the saved h and z go with them. dW2 comes first, from a recomputed a that then goes; dz is written over z
   // (each element read, then written, by the same thread), so the activation's backward adds only da.
-  Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
+  Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
   s.z = Tensor<T>();  // z's memory becomes dz below
+  const Tensor<T> dyp = padded(dy, Shape{M, Hp});
   const cuda::MlpActivation act = device_activation(s.options);
   if (need.w2) {
-    Tensor<T> a(Shape{M, F}, device);
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, F);
-    g.dw2 = weight_gradient<P>(a, dy, M, F, H, Shape{F, H});
+    Tensor<T> a(Shape{M, Fp}, device);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, Fp);
+    g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
   }
   if (!need_dz) return g;
   {
-    Tensor<T> da(Shape{M, F}, device);
-    product(dy, false, s.w2, true, M, F, H, nullptr, 0.0, da.data());
+    Tensor<T> da(Shape{M, Fp}, device);
+    product(dyp, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
     if (need.b1) {
-      db1.emplace(Shape{n, F}, device);
-      partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, F, static_cast<int>(n))}, device);
+      db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
+      partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))}, device);
     }
     cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
                                   {.dz = z.data(),
                                    .dbias = db1 ? db1->data() : nullptr,
                                    .partials = db1 ? partials.data() : nullptr,
                                    .wide_dbias = ParamGrad<P, T>::wide},
-                                  M, F);
+                                  M, Fp);
     if (db1) g.db1 = db1->result();
   }
   Tensor<T> dz = std::move(z);  // [M, nF]
-  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, H, n * F, Shape{H, n, F});
+  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
   h = Tensor<T>();
   s.h = Tensor<T>();
   if (!need_dh) return g;
 
-  Tensor<T> dh = dh_out ? dh_out->reshape(Shape{M, H}).clone() : Tensor<T>(Shape{M, H}, device);
-  product(dz, false, s.w1, true, M, H, n * F, nullptr, dh_out ? 1.0 : 0.0, dh.data());
+  // dh, padded, into a fresh tensor (the product adds it to the returned h's gradient where there is one).
+  Tensor<T> dh;
+  if (!dh_out) dh = Tensor<T>(Shape{M, Hp}, device);
+  else if (Hp == H) dh = dh_out->reshape(Shape{M, H}).clone();
+  else dh = padded(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
+  product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
   dz = Tensor<T>();
+  dh = cropped(dh, Shape{M, H});
   // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
   if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
   std::optional<ParamGrad<P, T>> dgamma, dbeta;
-  if (need.gamma) dgamma.emplace(Shape{H}, device);
-  if (need.beta) dbeta.emplace(Shape{H}, device);
+  if (need.gamma) dgamma.emplace(Shape{H}, Shape{H}, device);
+  if (need.beta) dbeta.emplace(Shape{H}, Shape{H}, device);
   Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, need.gamma, need.beta)}, device);
   cuda::norm_backward(s.norm,
                       {.x = s.x.data(),

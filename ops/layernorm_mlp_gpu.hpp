@@ -6,6 +6,11 @@
 // the norm output sees γ and β at T's precision. Everything else is rounded where the CPU rounds: h, z, a and y once to
 // T; the bias and weight gradients and dγ, dβ summed in C = compute_t<T> and rounded once to P (16-bit GEMMs write f32
 // for that, the norm backward sums dγ, dβ in C). db1 sums dz after its rounding to T, where the CPU sums it before.
+//
+// Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
+// must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: its parameters, h, dy and
+// everything between the GEMMs take the padded sizes with zeros in the padding (which keeps the padded z, da, dz zero
+// there and adds nothing to y, dh or the gradients), and y, dh and the gradients are cropped out.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +34,12 @@ struct MlpNeeds {
 template <class T> struct DeviceMlp {
   LayerNormMLPOptions options;
   MlpDims dims{};
+  MlpDims padded{};  // hidden and ffn rounded up to 16 bytes of T: the sizes of the GEMMs' operands (below)
   cuda::NormProblem norm;
   Tensor<T> x, gamma, beta;                // x [M, H] (the input's storage); γ and β in T, β undefined if absent
   Tensor<compute_t<T>> mean, rstd;         // per row; mean stays empty for rmsnorm
-  Tensor<T> w1, w2, b1, b2;                // in T; a bias is undefined when absent
-  Tensor<T> h, z;                          // [M, H] and [M, nF], kept by policy
+  Tensor<T> w1, w2, b1, b2;                // in T, padded; a bias is undefined when absent
+  Tensor<T> h, z;                          // padded: [M, H] and [M, nF], kept by policy
 };
 
 // The parameters as the node gets them; an absent beta or bias is null.
