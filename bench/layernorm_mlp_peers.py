@@ -20,6 +20,11 @@ def read(path):
         return [json.loads(line) for line in f if line.startswith("{")]
 
 
+def mib(x):
+    """MiB with one decimal below 10 (small configs differ by fractions), whole above."""
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
 def main(argv):
     options = {"--png": None, "--gemm": "autotuned"}
     for flag in options:
@@ -37,7 +42,7 @@ def main(argv):
 
     print("| config (M, H, F, block) | tapegrad fwd / bwd / fwd+bwd ms | fwd+bwd as a CUDA graph ms | "
           + " | ".join(f"{p} ms" for p in PEERS)
-          + " | tapegrad / JAX (graph / JAX) | TFLOP/s | peak extra MiB: tapegrad / torch eager |")
+          + " | tapegrad / JAX (graph / JAX) | TFLOP/s | peak extra MiB: tapegrad / torch eager (ratio) |")
     print("|" + "---|" * (6 + len(PEERS)))
     for c in configs:
         both = mine[(c, "forward_backward")]
@@ -54,7 +59,9 @@ def main(argv):
         cells.append(ratio)
         cells.append(f"{both['tflops']:.0f}")
         eager = peer_ms.get((c, "torch_eager"))
-        cells.append(f"{both['peak_extra_mib']:.0f} / {eager['peak_extra_mib']:.0f}" if eager else "—")
+        ours_mib = both['peak_extra_mib']
+        cells.append(f"{mib(ours_mib)} / {mib(eager['peak_extra_mib'])} ({ours_mib / eager['peak_extra_mib']:.2f})"
+                     if eager else "—")
         print("| " + " | ".join(cells) + " |")
 
     if png:
