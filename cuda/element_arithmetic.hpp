@@ -19,8 +19,10 @@ template <class C, class F> TAPEGRAD_HOST_DEVICE inline C derivative(F&& with_gr
   return grad;
 }
 
-// x op y for a binary instruction; op(x) for a unary one, whose scalar parameter is s.
-template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmetic(C x, C y, C s) {
+// x op y for a binary instruction; op(x) for a unary one, whose scalar parameter is s. Fast: the program stores
+// 16-bit values, and the sigmoids take the GPU's fast exp and division (activation_math.hpp); the interpreter and
+// the made kernels pass the same flag for the same dtype, so they still agree bitwise.
+template <ElementOp Op, class C, bool Fast = false> TAPEGRAD_HOST_DEVICE inline C element_arithmetic(C x, C y, C s) {
   namespace act = tapegrad::activation;
   if constexpr (Op == ElementOp::add) return x + y;
   else if constexpr (Op == ElementOp::sub) return x - y;
@@ -36,15 +38,17 @@ template <ElementOp Op, class C> TAPEGRAD_HOST_DEVICE inline C element_arithmeti
   else if constexpr (Op == ElementOp::abs) return std::fabs(x);
   else if constexpr (Op == ElementOp::sign) return x > C(0) ? C(1) : (x < C(0) ? C(-1) : x);
   else if constexpr (Op == ElementOp::tanh) return std::tanh(x);
-  else if constexpr (Op == ElementOp::sigmoid) return act::sigmoid(x);
+  else if constexpr (Op == ElementOp::sigmoid) return act::sigmoid<Fast>(x);
   else if constexpr (Op == ElementOp::relu) return act::relu<C>(x, nullptr);
   else if constexpr (Op == ElementOp::relu_grad) return derivative<C>([&](C* g) { act::relu(x, g); });
   else if constexpr (Op == ElementOp::squared_relu) return act::squared_relu<C>(x, nullptr);
   else if constexpr (Op == ElementOp::squared_relu_grad) return derivative<C>([&](C* g) { act::squared_relu(x, g); });
-  else if constexpr (Op == ElementOp::swish) return act::swish<false, C>(x, s, nullptr);
-  else if constexpr (Op == ElementOp::swish_grad) return derivative<C>([&](C* g) { act::swish(x, s, g); });
-  else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<false, C>(x, nullptr);
-  else if constexpr (Op == ElementOp::gelu_tanh_grad) return derivative<C>([&](C* g) { act::gelu_tanh(x, g); });
+  else if constexpr (Op == ElementOp::swish) return act::swish<Fast, C>(x, s, nullptr);
+  else if constexpr (Op == ElementOp::swish_grad) return derivative<C>([&](C* g) { act::swish<Fast>(x, s, g); });
+  else if constexpr (Op == ElementOp::gelu_tanh) return act::gelu_tanh<Fast, C>(x, nullptr);
+  else if constexpr (Op == ElementOp::gelu_tanh_grad) {
+    return derivative<C>([&](C* g) { act::gelu_tanh<Fast>(x, g); });
+  }
   else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
   else {
     static_assert(Op == ElementOp::gelu_erf_grad, "an arithmetic instruction of cuda/element_op.hpp");

@@ -196,7 +196,8 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
         continue;
       }
       default: {
-        const std::string call = std::string("element_arithmetic<ElementOp::") + op_name(in.op) + ", C>(";
+        const std::string call = std::string("element_arithmetic<ElementOp::") + op_name(in.op) + ", C, " +
+                                 (wide_differs ? "true" : "false") + ">(";  // Fast for 16-bit dtypes, as interpreted
         const std::string args = is_binary(in.op)
                                      ? value[in.a] + "[i], " + value[in.b] + "[i], C(0)"
                                      : value[in.a] + "[i], C(0), C(scalars.value[" + std::to_string(pc) + "])";

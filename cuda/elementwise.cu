@@ -39,8 +39,8 @@ template <class C> __device__ __forceinline__ C binary_op(ElementOp op, C x, C y
 #undef TAPEGRAD_BINARY_CASE
 
 #define TAPEGRAD_UNARY_CASE(name) \
-  case ElementOp::name: return element_arithmetic<ElementOp::name>(x, C(0), s);
-template <class C> __device__ __forceinline__ C unary_op(ElementOp op, C x, C s) {
+  case ElementOp::name: return element_arithmetic<ElementOp::name, C, Fast>(x, C(0), s);
+template <bool Fast, class C> __device__ __forceinline__ C unary_op(ElementOp op, C x, C s) {
   switch (op) {
     TAPEGRAD_UNARY_ELEMENT_OPS(TAPEGRAD_UNARY_CASE)
     default: __builtin_unreachable();
@@ -93,8 +93,8 @@ struct ElementStaging {
 };
 
 // Runs the program on one group of V elements with R registers: load(k, x) fetches input k, store(j, x) writes
-// output j.
-template <class C, int V, int R, class Load, class Store>
+// output j. Fast: the program's dtype is 16-bit (element_arithmetic).
+template <class C, int V, int R, bool Fast, class Load, class Store>
 __device__ __forceinline__ void interpret(const ElementProgram& program, Load&& load, Store&& store) {
   Registers<C, V, R> regs;
   for (int pc = 0; pc < program.size; ++pc) {
@@ -127,7 +127,7 @@ __device__ __forceinline__ void interpret(const ElementProgram& program, Load&& 
       default:
         regs.read(in.a, x);
 #pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = unary_op(in.op, x[v], C(in.scalar));
+        for (int v = 0; v < V; ++v) x[v] = unary_op<Fast>(in.op, x[v], C(in.scalar));
     }
     regs.write(in.dst, x);
   }
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(threads_per_block)
     const std::int64_t e = first + i;
     std::int64_t coord[max_element_rank];
     if constexpr (!Flat) coordinates(layout, e, coord);
-    interpret<C, 1, element_registers>(
+    interpret<C, 1, element_registers, sizeof(S) == 2>(
         program,
         [&](int k, C(&x)[1]) {
           const S* in = static_cast<const S*>(buffers.inputs[k]);
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(threads_per_block, 3)
     const std::int64_t base = chunk * V;
 #pragma unroll 1
     for (int part = 0; part < V / W; ++part) {
-      interpret<C, W, Shape::R>(
+      interpret<C, W, Shape::R, sizeof(S) == 2>(
           program,
           [&](int k, C(&x)[W]) {
             const int s = staging.slot[k];

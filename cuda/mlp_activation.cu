@@ -89,7 +89,7 @@ std::int64_t chunks(std::int64_t rows, std::int64_t F) {
 template <class S> struct Buffers {
   const S* z;
   const S* da;               // backward only
-  S* a;                      // forward only
+  S* a;                      // forward; backward where not null (may be da: its loads come first)
   S* dz;                     // backward only
   compute_of<S>* partials;   // backward; null: no bias gradient
 };
@@ -140,9 +140,8 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
         }
         a.v[v] = from_compute<S>(value);
       }
-      if constexpr (!Backward) {
-        *reinterpret_cast<Pack<S, V>*>(b.a + r * F + col) = a;
-      } else {
+      if (!Backward || b.a) *reinterpret_cast<Pack<S, V>*>(b.a + r * F + col) = a;
+      if constexpr (Backward) {
         S* dz = b.dz + r * width * F + col;
         *reinterpret_cast<Pack<S, V>*>(dz) = dz0;
         if (width == 2) *reinterpret_cast<Pack<S, V>*>(dz + F) = dz1;
@@ -206,7 +205,7 @@ void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, 
     using C = compute_of<S>;
     C* partials = out.dbias ? static_cast<C*>(out.partials) : nullptr;
     launch_activation<S, true>(device, act,
-                               {static_cast<const S*>(z), static_cast<const S*>(da), nullptr,
+                               {static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(out.a),
                                 static_cast<S*>(out.dz), partials},
                                rows, F);
     if (out.dbias) {

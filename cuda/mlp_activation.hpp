@@ -27,6 +27,7 @@ void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, c
 
 struct MlpActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)
+  void* a = nullptr;      // [rows, F]: a = act(z), bitwise the forward's, for dW2; may be da itself; null: none
   void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype), summed in the compute type; null: none
   void* partials = nullptr;  // scratch for dbias: mlp_activation_partials(rows, F, width) elements of the compute type
   bool wide_dbias = false;   // dbias in the compute type (rounded once to it) instead of dtype
@@ -36,9 +37,9 @@ struct MlpActivationGrads {
 // chunk of rows. The chunks depend on the shape only, so dbias does not depend on the GPU model.
 std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int width);
 
-// z [rows, width·F], da [rows, F] → dz, and dbias where asked for: ONE kernel reads z and da once, writes dz and
-// each chunk's partial column sums of dz; a second adds the partials in a fixed order (no atomics:
-// bitwise the same on every run).
+// z [rows, width·F], da [rows, F] → dz, and a and dbias where asked for: ONE kernel reads z and da once, writes dz,
+// a and each chunk's partial column sums of dz; a second adds the partials in a fixed order (no atomics: bitwise
+// the same on every run).
 void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
                              const MlpActivationGrads& out, std::int64_t rows, std::int64_t F);
 

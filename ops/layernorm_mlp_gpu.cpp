@@ -3,9 +3,10 @@
 //
 //   forward                                  backward (dy [M, H])
 //   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
-//   z  = h · W1 + b1      cuda::gemm + bias    a = act(z); dW2 = aᵀ·dy               mlp_activation, cuda::gemm
-//   a  = act(z)           mlp_activation       da  = dy · W2ᵀ                        cuda::gemm
-//   y  = a · W2 + b2      cuda::gemm + bias    dz = da · ∂a/∂z and db1 = Σ_rows dz   mlp_activation_backward
+//   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
+//   a  = act(z)           mlp_activation       dz = da · ∂a/∂z, db1 = Σ_rows dz and  mlp_activation_backward
+//   y  = a · W2 + b2      cuda::gemm + bias      a = act(z) again (bitwise)
+//                                            dW2 = aᵀ·dy                           cuda::gemm
 //                                            dW1 = hᵀ·dz; dh = dz · W1ᵀ (+ the returned h's gradient)
 //                                            dx, dγ, dβ = cuda::norm_backward of dh
 // (the weight gradients accumulate in f32 on the tensor cores)
@@ -230,21 +231,21 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   if (!need_dz && !need.w2) return g;
 
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
-  // and the saved h and z go with them. dW2 comes first, from a recomputed a that then goes; dz is written over z
-  // (each element read, then written, by the same thread), so the activation's backward adds only da.
+  // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
+  // da (each element read, then written, by the same thread), so it adds only da's memory.
   Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
   s.z = Tensor<T>();  // z's memory becomes dz below
   const Tensor<T> dyp = padded(dy, Shape{M, Hp});
   const cuda::MlpActivation act = device_activation(s.options);
-  if (need.w2) {
+  if (!need_dz) {  // dW2 alone
     Tensor<T> a(Shape{M, Fp}, device);
     cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, Fp);
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
+    return g;
   }
-  if (!need_dz) return g;
   {
-    Tensor<T> da(Shape{M, Fp}, device);
+    Tensor<T> da(Shape{M, Fp}, device);  // then a
     product(dyp, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
@@ -254,11 +255,13 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
     }
     cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
                                   {.dz = z.data(),
+                                   .a = need.w2 ? da.data() : nullptr,
                                    .dbias = db1 ? db1->data() : nullptr,
                                    .partials = db1 ? partials.data() : nullptr,
                                    .wide_dbias = ParamGrad<P, T>::wide},
                                   M, Fp);
     if (db1) g.db1 = db1->result();
+    if (need.w2) g.dw2 = weight_gradient<P>(da, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});  // da holds a now
   }
   Tensor<T> dz = std::move(z);  // [M, nF]
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
