@@ -7,12 +7,12 @@
 // peak_extra_mib; and the forward + backward step captured once as a CUDA graph (cuda/graph.hpp) and replayed
 // ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
 // GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
-#include <cmath>
 #include <string>
 
 #include "cuda/blaslt.hpp"
 #include "cuda/graph.hpp"
 #include "cuda/memory.hpp"
+#include "gpu_mlp_block.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad.hpp"
 
@@ -41,30 +41,11 @@ constexpr Config configs[] = {
 
 void run_config(const Config& c, bool autotune) {
   cuda::set_gemm_autotune(autotune);
-  const Device gpu = Device::cuda(0);
   const std::int64_t n = activation_width(c.activation);
-  const bool layernorm = c.norm == NormType::layernorm;
-  const Var<bf16> x = param(randn<bf16>({c.M, c.H}, 1, 0.0, 1.0, gpu));
-  const Var<bf16> gamma = param(randn<bf16>({c.H}, 2, 1.0, 0.1, gpu));
-  const Var<bf16> beta = layernorm ? param(randn<bf16>({c.H}, 3, 0.0, 0.1, gpu)) : Var<bf16>();
-  const MLPKernels<bf16> kernels{param(randn<bf16>({c.H, n, c.F}, 4, 0.0, 1.0 / std::sqrt(double(c.H)), gpu)),
-                                 param(randn<bf16>({c.F, c.H}, 5, 0.0, 1.0 / std::sqrt(double(c.F)), gpu))};
-  const MLPBiases<bf16> biases = c.biases ? MLPBiases<bf16>{param(randn<bf16>({n, c.F}, 6, 0.0, 0.1, gpu)),
-                                                            param(randn<bf16>({c.H}, 7, 0.0, 0.1, gpu))}
-                                          : MLPBiases<bf16>{};
-  const Tensor<bf16> dy = randn<bf16>({c.M, c.H}, 8, 0.0, 1.0, gpu);
-  const LayerNormMLPOptions options{.norm = c.norm, .epsilon = 1e-5, .activation = c.activation};
-
-  const auto forward = [&] { return layernorm_mlp(x, gamma, beta, kernels, biases, options).y; };
-  const auto step = [&] {
-    backward(forward(), dy);
-    for (Var<bf16> v : {x, gamma, beta, kernels.w1, kernels.w2, biases.b1, biases.b2}) {
-      if (v.defined()) v.zero_grad();
-    }
-    Tape::active().clear();
-  };
+  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases);
+  const auto step = [&] { block.step(); };
   const std::vector<Timing> t = measure_gpu({[&] {
-                                               (void)forward();
+                                               (void)block.forward();
                                                Tape::active().clear();
                                              },
                                              step});

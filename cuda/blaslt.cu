@@ -49,7 +49,7 @@ Extent stored_b(const GemmArgs& g) { return g.b.transpose ? Extent{g.N, g.K} : E
 
 // C's dtype: the inputs', or their compute type when wide.
 DType output_dtype(const GemmArgs& g) {
-  return g.wide_output && (g.dtype == DType::bf16 || g.dtype == DType::f16) ? DType::f32 : g.dtype;
+  return g.wide_output ? compute_dtype(g.dtype) : g.dtype;
 }
 
 std::string describe(const GemmArgs& g) {
@@ -212,20 +212,6 @@ struct Algo {
   std::size_t workspace_bytes;
 };
 
-// Scratch memory for one product, from the pool on the current stream; returned after the product, in stream order.
-class Workspace {
- public:
-  Workspace(std::size_t bytes, int device) : block_(device_allocate(bytes, device)) {}
-  ~Workspace() { device_free(block_); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* data() const { return block_.ptr; }
-  std::size_t bytes() const { return block_.bytes; }
-
- private:
-  Block block_;
-};
-
 // alpha and beta in the scale type cuBLASLt expects (f64 for f64, f32 otherwise).
 struct Scalars {
   double f64[2];
@@ -239,7 +225,7 @@ struct Scalars {
 
 // D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, C and D at `out`; the status, unchecked.
 cublasStatus_t run_matmul(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Scalars& scalars,
-                          const cublasLtMatmulAlgo_t& algo, void* out, const Workspace& workspace,
+                          const cublasLtMatmulAlgo_t& algo, void* out, const Scratch& workspace,
                           cudaStream_t stream) {
   return cublasLtMatmul(handle, &p.matmul, scalars.alpha(), g.b.data, &p.first, g.a.data, &p.second, scalars.beta(),
                         out, &p.out, out, &p.out, &algo, workspace.data(), workspace.bytes(), stream);
@@ -281,7 +267,7 @@ std::int64_t output_span(const GemmArgs& g) {
 // refuses to run it.
 float time_candidate(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Algo& algo, void* out,
                      cudaStream_t stream, int device) {
-  const Workspace workspace(algo.workspace_bytes, device);
+  const Scratch workspace(algo.workspace_bytes, device);
   const Scalars scalars(g, 0.0);
   if (run_matmul(handle, p, g, scalars, algo.algo, out, workspace, stream) != CUBLAS_STATUS_SUCCESS) return -1.0f;
   cudaEvent_t events[2];
@@ -309,7 +295,7 @@ Algo choose_algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, co
   const bool tune = key.tuned && capture == cudaStreamCaptureStatusNone;
   const Candidates found = candidates(handle, p, g, key, tune ? tuning_candidates : 1);
   if (!tune || found.count == 1) return found.algos[0];
-  const Workspace out(static_cast<std::size_t>(output_span(g)) * dtype_size(output_dtype(g)), launch.device());
+  const Scratch out(static_cast<std::size_t>(output_span(g)) * dtype_size(output_dtype(g)), launch.device());
   const auto count = static_cast<std::size_t>(found.count);
   std::array<float, tuning_candidates> fastest;  // ms per run; negative once refused
   for (int round = 0; round < tuning_rounds; ++round) {
@@ -381,7 +367,7 @@ void gemm(const GemmArgs& g, int device) {
   Problem p;
   init_problem(p, g, tf32);
   const Algo algo = algorithm(handle, p, g, key_of(g, device, tf32, gemm_autotune()), launch);
-  const Workspace workspace(algo.workspace_bytes, device);
+  const Scratch workspace(algo.workspace_bytes, device);
   TAPEGRAD_CUBLAS_CHECK(run_matmul(handle, p, g, Scalars(g, g.beta), algo.algo, g.c.data, workspace, launch.stream()),
                         describe(g));
 }

@@ -38,6 +38,21 @@ Block device_allocate(std::size_t bytes, int device);
 // during process shutdown): a failure other than the CUDA runtime having already shut down is reported on stderr.
 void device_free(const Block& block) noexcept;
 
+// Scratch device memory for the work queued while it lives: from the pool on the current stream, returned to it in
+// stream order (once the work queued before the release is done) when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, int device) : block_(device_allocate(bytes, device)) {}
+  ~Scratch() { device_free(block_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* data() const { return block_.ptr; }
+  std::size_t bytes() const { return block_.bytes; }
+
+ private:
+  Block block_;
+};
+
 // Copies, all ordered on the current stream of the device involved. Those that touch host memory return only once
 // the copy is done: host data may be read, changed or freed at once.
 void copy_host_to_device(void* dst, const void* src, std::size_t bytes, int device);

@@ -209,8 +209,8 @@ void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, 
                                 static_cast<S*>(out.dz), partials},
                                rows, F);
     if (out.dbias) {
-      const DType compute = std::is_same_v<C, double> ? DType::f64 : DType::f32;
-      sum_partials(out.wide_dbias ? compute : dtype, partials, chunks(rows, F), act.width() * F, out.dbias, device);
+      const DType sums = out.wide_dbias ? compute_dtype(dtype) : dtype;
+      sum_partials(sums, partials, chunks(rows, F), act.width() * F, out.dbias, device);
     }
   });
 }

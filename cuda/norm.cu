@@ -421,9 +421,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
         });
       }
     }
-    const DType grads = !args.wide_parameter_grads           ? problem.dtype
-                        : std::is_same_v<C, double>           ? DType::f64
-                                                              : DType::f32;
+    const DType grads = args.wide_parameter_grads ? compute_dtype(problem.dtype) : problem.dtype;
     if (need_dgamma) sum_partials(grads, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
     if (need_dbeta) sum_partials(grads, dbeta_partials, blocks, problem.hidden, args.dbeta, device);
   });

@@ -272,19 +272,6 @@ template <class Op> __global__ void finish_kernel(Op op, Plan p, const typename 
   }
 }
 
-// Device memory for the partials, returned to the pool in stream order once the kernels queued before it are done.
-class Scratch {
- public:
-  Scratch(std::size_t bytes, int device) : block_(device_allocate(bytes, device)) {}
-  ~Scratch() { device_free(block_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* data() const { return block_.ptr; }
-
- private:
-  Block block_;
-};
-
 template <class Op> void reduce(const Op& op, const Plan& p, int device) {
   if (p.outputs == 0) return;
   using Acc = typename Op::Acc;

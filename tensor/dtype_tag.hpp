@@ -34,4 +34,7 @@ constexpr std::size_t dtype_size(DType d) {
   return 0;
 }
 
+// The type a floating dtype's arithmetic accumulates in: f64 for f64, f32 for f32, bf16 and f16.
+constexpr DType compute_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
+
 }  // namespace tapegrad
