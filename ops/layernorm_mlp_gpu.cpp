@@ -261,6 +261,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
                                    .wide_dbias = ParamGrad<P, T>::wide},
                                   M, Fp);
     if (db1) g.db1 = db1->result();
+    partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
     if (need.w2) g.dw2 = weight_gradient<P>(da, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});  // da holds a now
   }
   Tensor<T> dz = std::move(z);  // [M, nF]
