@@ -334,9 +334,13 @@ template <class S, class Fn> bool dispatch_cached(std::int64_t n, bool wide, Fn&
   return true;
 }
 
-// Rows per backward block: at least 8 (a row per warp in warp mode), and at most 1024 blocks, which bounds the
-// partials and the work of sum_partials. A function of the row count only.
-std::int64_t chunk_rows(std::int64_t rows) { return std::max<std::int64_t>(8, (rows + 1023) / 1024); }
+// Rows per backward block: at least 8 (a row per warp in warp mode), up to 32 while that leaves 256 blocks or more
+// (a block's staging pipeline fills and drains once: 8-row blocks spent much of their time doing so, and wrote a
+// partial row per 8 rows), and more where needed to stay at 1024 blocks at most, which bounds the partials and the
+// work of sum_partials. A function of the row count only.
+std::int64_t chunk_rows(std::int64_t rows) {
+  return std::max({std::int64_t{8}, std::min<std::int64_t>(32, rows / 256), (rows + 1023) / 1024});
+}
 std::int64_t chunks(std::int64_t rows) { return (rows + chunk_rows(rows) - 1) / chunk_rows(rows); }
 
 }  // namespace

@@ -7,8 +7,10 @@ namespace tapegrad::cuda {
 namespace {
 
 // A block takes 32 columns at a time; each of its 8 warps adds one fixed slice of the partial rows (in order,
-// neighbouring threads on neighbouring columns: coalesced), then one warp adds the 8 slice sums in order.
-constexpr int tile_columns = 32, slices = 8;
+// neighbouring threads on neighbouring columns: coalesced), then one warp adds the 8 slice sums in order. A thread
+// loads `in_flight` rows before adding them (still in order): its loads would otherwise wait on one another, and a
+// slice can be 128 rows (the norm backward's 1024 partial rows of [8192, 4096] took 19 µs per sum, 0.9 TB/s).
+constexpr int tile_columns = 32, slices = 8, in_flight = 8;
 
 template <class S>
 __global__ void __launch_bounds__(tile_columns * slices)
@@ -21,7 +23,17 @@ __global__ void __launch_bounds__(tile_columns * slices)
     const std::int64_t j = tile * tile_columns + column;
     C total = 0;
     if (j < width) {
-      for (std::int64_t b = begin; b < end; ++b) total += partials[b * width + j];
+      for (std::int64_t b = begin; b < end; b += in_flight) {
+        C rows[in_flight];
+#pragma unroll
+        for (int k = 0; k < in_flight; ++k) {
+          if (b + k < end) rows[k] = partials[(b + k) * width + j];
+        }
+#pragma unroll
+        for (int k = 0; k < in_flight; ++k) {
+          if (b + k < end) total += rows[k];
+        }
+      }
     }
     slice_sums[slice][column] = total;
     __syncthreads();
