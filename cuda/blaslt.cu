@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/activation_math.hpp"
 #include "cuda/cublas_check.cuh"
 #include "cuda/launch.cuh"
 
@@ -61,7 +62,7 @@ std::string describe(const GemmArgs& g) {
                         g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
                         g.b.transpose ? " (transposed)" : "", " with ldb ", g.b.ld, " and batch stride ",
                         g.b.batch_stride, ", C [", g.M, ", ", g.N, "] with ldc ", g.c.ld, " and batch stride ",
-                        g.c.batch_stride, g.bias ? ", plus a bias" : "");
+                        g.c.batch_stride, g.bias ? ", plus a bias" : "", g.gelu_input ? ", then GELU" : "");
 }
 
 cudaDataType_t data_type(DType dtype) {
@@ -86,6 +87,9 @@ void validate(const GemmArgs& g) {
   check(g.a.batch_stride >= 0 && g.b.batch_stride >= 0, "gemm", "negative batch stride in the ", describe(g));
   check(g.batch <= 1 || g.M == 0 || g.c.batch_stride >= (g.M - 1) * g.c.ld + g.N, "gemm",
         "the output matrices overlap in the ", describe(g));
+  check(!g.gelu_input || (g.bias && g.batch == 1 && !g.wide_output && g.dtype != DType::f64 && g.c.ld % 8 == 0),
+        "gemm", "the GELU epilogue needs a bias, one product, a bf16, f16 or f32 output and an ldc that is a ",
+        "multiple of 8: the ", describe(g));
 }
 
 // The batch stride cuBLASLt sees: none for a single product.
@@ -162,8 +166,13 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
   set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(operation(g.b.transpose)), g);
   set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(operation(g.a.transpose)), g);
   if (g.bias) {
-    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS), g);
+    const cublasLtEpilogue_t epilogue = g.gelu_input ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(epilogue), g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, g);  // one vector for every entry: batch stride 0
+  }
+  if (g.gelu_input) {  // the sum, laid out as C
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.gelu_input, g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.c.ld, g);
   }
   init_layout(p.first, g.dtype, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
   init_layout(p.second, g.dtype, stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
@@ -174,9 +183,9 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
 struct AlgoKey {
   int device;
   DType dtype, output;
-  bool tf32, tuned, trans_a, trans_b, bias;
+  bool tf32, tuned, trans_a, trans_b, bias, gelu;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
-  std::uint32_t align_a, align_b, align_c, align_bias;
+  std::uint32_t align_a, align_b, align_c, align_bias, align_gelu;
   auto operator<=>(const AlgoKey&) const = default;
 };
 
@@ -191,6 +200,7 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           g.a.transpose,
           g.b.transpose,
           g.bias != nullptr,
+          g.gelu_input != nullptr,
           g.M,
           g.N,
           g.K,
@@ -204,7 +214,8 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           alignment(g.a.data, sa, g.dtype),
           alignment(g.b.data, sb, g.dtype),
           alignment(g.c.data, sc, output_dtype(g)),
-          alignment(g.bias, 0, output_dtype(g))};
+          alignment(g.bias, 0, output_dtype(g)),
+          alignment(g.gelu_input, 0, output_dtype(g))};
 }
 
 struct Algo {
@@ -326,18 +337,23 @@ Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Alg
   return cache.try_emplace(key, chosen).first->second;
 }
 
-// C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C.
+// C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C. With gelu_input
+// (one entry): the sum there, and its GELU in C, as the epilogue does.
 template <class S>
 __global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, std::int64_t N, std::int64_t ld,
-                                     std::int64_t batch_stride, compute_of<S> beta, const S* bias) {
+                                     std::int64_t batch_stride, compute_of<S> beta, const S* bias, S* gelu_input) {
   using C = compute_of<S>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t col = i % N, row = i / N;  // row counts over all entries' rows
-    S& out = c[(row / M) * batch_stride + (row % M) * ld + col];
-    C v = beta == C(0) ? C(0) : beta * to_compute<C>(out);
+    const std::int64_t at = (row / M) * batch_stride + (row % M) * ld + col;
+    C v = beta == C(0) ? C(0) : beta * to_compute<C>(c[at]);
     if (bias != nullptr) v += to_compute<C>(bias[col]);
-    out = from_compute<S>(v);
+    if (gelu_input != nullptr) {
+      gelu_input[at] = from_compute<S>(v);
+      v = activation::gelu_tanh(v, static_cast<C*>(nullptr));
+    }
+    c[at] = from_compute<S>(v);
   }
 }
 
@@ -348,7 +364,7 @@ void empty_product(const GemmArgs& g, const Launch& launch) {
     const std::int64_t total = g.batch * g.M * g.N;
     empty_product_kernel<S><<<launch.blocks_for(total, threads), threads, 0, launch.stream()>>>(
         static_cast<S*>(g.c.data), total, g.M, g.N, g.c.ld, g.c.batch_stride, static_cast<compute_of<S>>(g.beta),
-        static_cast<const S*>(g.bias));
+        static_cast<const S*>(g.bias), static_cast<S*>(g.gelu_input));
     TAPEGRAD_CUDA_CHECK_LAUNCH();
   });
 }

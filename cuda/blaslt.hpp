@@ -48,6 +48,10 @@ struct GemmArgs {
   double alpha = 1.0, beta = 0.0;
   // Optional: N values added to every row of every C_i (cuBLASLt's bias epilogue), in C's dtype.
   const void* bias = nullptr;
+  // Optional, with a bias and one product (batch 1) of bf16, f16 or f32: cuBLASLt's GELU_AUX_BIAS epilogue. The sum
+  // (product + bias) is rounded to C's dtype and written here, rows c.ld apart, and C = gelu_tanh of the sum, the
+  // GELU computed on the unrounded sum. Saves reading the sum back for a separate activation pass.
+  void* gelu_input = nullptr;
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
   // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
   bool wide_output = false;

@@ -4,12 +4,12 @@
 //   forward                                  backward (dy [M, H])
 //   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
 //   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
-//   a  = act(z)           mlp_activation       dz = da · ∂a/∂z, db1 = Σ_rows dz and  mlp_activation_backward
-//   y  = a · W2 + b2      cuda::gemm + bias      a = act(z) again (bitwise)
+//   a  = act(z)           mlp_activation (*)   dz = da · ∂a/∂z, db1 = Σ_rows dz and  mlp_activation_backward
+//   y  = a · W2 + b2      cuda::gemm + bias      a = act(z) again (bitwise, but (*))
 //                                            dW2 = aᵀ·dy                           cuda::gemm
 //                                            dW1 = hᵀ·dz; dh = dz · W1ᵀ (+ the returned h's gradient)
 //                                            dx, dγ, dβ = cuda::norm_backward of dh
-// (the weight gradients accumulate in f32 on the tensor cores)
+// (the weight gradients accumulate in f32 on the tensor cores; (*) GELU with a bias: GEMM1's epilogue, see the .hpp)
 //
 // Every parameter gradient is summed in C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 // A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
@@ -17,6 +17,7 @@
 #include "ops/layernorm_mlp_gpu.hpp"
 
 #include <optional>
+#include <type_traits>
 
 #include "cuda/activation_math.hpp"  // quick_gelu_alpha
 #include "cuda/blaslt.hpp"
@@ -130,12 +131,37 @@ template <class P, class T> class ParamGrad {
   Tensor<Written> written_;
 };
 
-// z = h · W1 + b1 (padded), rounded to T once.
-template <class T> Tensor<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
+// Whether GEMM1 applies the activation in cuBLASLt's epilogue (GELU_AUX_BIAS): GELU with a bias, in a type it has
+// the epilogue for, on rows the epilogue can write (ffn a multiple of 8 elements).
+template <class T> bool gelu_epilogue(const DeviceMlp<T>& s) {
+  return s.options.activation == Activation::gelu && s.b1.defined() && !std::is_same_v<T, double> &&
+         s.padded.ffn % 8 == 0;
+}
+
+// GEMM1's results: z = h · W1 + b1 (padded), rounded to T once, and, with the GELU epilogue, a = gelu(z) computed
+// from the unrounded sum (undefined otherwise: the activation kernel makes it).
+template <class T> struct FirstProduct {
+  Tensor<T> z, a;
+};
+template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
   const auto [M, H, F, n] = s.padded;
-  Tensor<T> z(Shape{M, n * F}, h.device());
-  product(h, false, s.w1, false, M, n * F, H, data_or_null(s.b1), 0.0, z.data());
-  return z;
+  FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, h.device()), {}};
+  if (!gelu_epilogue(s)) {
+    product(h, false, s.w1, false, M, n * F, H, data_or_null(s.b1), 0.0, out.z.data());
+    return out;
+  }
+  out.a = Tensor<T>(Shape{M, F}, h.device());
+  cuda::gemm({.dtype = dtype_v<T>,
+              .M = M,
+              .N = F,
+              .K = H,
+              .a = {h.data(), H, 0, false},
+              .b = {s.w1.data(), F, 0, false},
+              .c = {out.a.data(), F, 0},
+              .bias = s.b1.data(),
+              .gelu_input = out.z.data()},
+             h.device().index);
+  return out;
 }
 
 // h [M, H] from x and the saved γ, β: bitwise the forward's, whose statistics it leaves as they are.
@@ -207,9 +233,12 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
 
   const Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
   const Tensor<T> hp = padded(h, Shape{M, Hp});
-  Tensor<T> z = first_product(s, hp);
-  Tensor<T> a(Shape{M, Fp}, device), y(Shape{M, Hp}, device);
-  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, Fp);
+  auto [z, a] = first_product(s, hp);
+  if (!a.defined()) {
+    a = Tensor<T>(Shape{M, Fp}, device);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, Fp);
+  }
+  Tensor<T> y(Shape{M, Hp}, device);
   product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
   if (options.recompute == Recompute::save_all) s.h = hp;
   if (options.recompute != Recompute::recompute_all) s.z = z;
@@ -234,7 +263,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
   // da (each element read, then written, by the same thread), so it adds only da's memory.
   Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
-  Tensor<T> z = s.z.defined() ? s.z : first_product(s, h);
+  Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
   s.z = Tensor<T>();  // z's memory becomes dz below
   const Tensor<T> dyp = padded(dy, Shape{M, Hp});
   const cuda::MlpActivation act = device_activation(s.options);

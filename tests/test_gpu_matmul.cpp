@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/activation_math.hpp"
 #include "cuda/blaslt.hpp"
 #include "cuda/device.hpp"
 #include "gpu_reference.hpp"
@@ -201,6 +202,7 @@ struct GemmCase {
   bool shared_a = false, shared_b = false;
   double alpha = 1.0, beta = 0.0;
   bool bias = false;
+  bool gelu = false;  // the GELU epilogue (needs the bias, batch 1, no padding here)
 };
 
 // Runs the case through cuda::gemm on A and B in T, with C and the bias in O (T, or its compute type for a wide
@@ -216,6 +218,7 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
   CAPTURE(e.shared_a);
   CAPTURE(e.shared_b);
   CAPTURE(e.bias);
+  CAPTURE(e.gelu);
   const std::int64_t a_rows = e.trans_a ? e.K : e.M, a_cols = e.trans_a ? e.M : e.K;
   const std::int64_t b_rows = e.trans_b ? e.N : e.K, b_cols = e.trans_b ? e.K : e.N;
   const std::int64_t lda = a_cols + e.pad, ldb = b_cols + e.pad, ldc = e.N + e.pad;
@@ -229,6 +232,7 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
   const Tensor<T> a_gpu = a.to(gpu), b_gpu = b.to(gpu);
   const Tensor<O> bias_gpu = bias.to(gpu);
   Tensor<O> c_gpu = c.to(gpu);
+  Tensor<O> sum_gpu(Shape{e.gelu ? e.batch * stride_c : 0}, gpu);
   cuda::gemm({.dtype = dtype_v<T>,
               .M = e.M,
               .N = e.N,
@@ -240,6 +244,7 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
               .alpha = e.alpha,
               .beta = e.beta,
               .bias = e.bias ? bias_gpu.data() : nullptr,
+              .gelu_input = e.gelu ? sum_gpu.data() : nullptr,
               .wide_output = !std::is_same_v<O, T>},
              0);
 
@@ -253,6 +258,10 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
       for (std::int64_t j = 0; j < e.N; ++j) c_i[r * ldc + j] += bias_d.flat(j);
     }
   }
+  if (!e.gelu) return check_close(c_gpu.to(host), want, tolerance<O>(e.K));
+  // The sum (rounded to O) where asked, and C its tanh-GELU (|GELU'| < 1.13: the sum's tolerance holds).
+  check_close(sum_gpu.to(host), want, tolerance<O>(e.K));
+  for (double& v : want.span()) v = activation::gelu_tanh(v, static_cast<double*>(nullptr));
   check_close(c_gpu.to(host), want, tolerance<O>(e.K));
 }
 
@@ -288,6 +297,20 @@ TEST_CASE_TEMPLATE("cuda::gemm's bias epilogue adds the bias to every row of eve
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 3, .pad = 2, .beta = 2.0, .bias = true}, seed += 10);
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 1, .bias = true}, seed += 10);
   check_gemm<T>({.M = 7, .N = 33, .K = 0, .batch = 2, .pad = 1}, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("cuda::gemm's GELU epilogue writes the sum and its tanh-GELU (bf16, f16, f32)", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  std::uint64_t seed = 750;
+  if constexpr (std::is_same_v<T, double>) {
+    CHECK_THROWS_WITH_AS(check_gemm<T>({.M = 7, .N = 40, .K = 129, .batch = 1, .bias = true, .gelu = true}, seed),
+                         doctest::Contains("gemm: the GELU epilogue needs a bias, one product, a bf16, f16 or f32"),
+                         Error);
+  } else {
+    check_gemm<T>({.M = 7, .N = 40, .K = 129, .batch = 1, .bias = true, .gelu = true}, seed += 10);
+    check_gemm<T>({.M = 257, .N = 1024, .K = 96, .batch = 1, .trans_b = true, .bias = true, .gelu = true}, seed += 10);
+    check_gemm<T>({.M = 7, .N = 16, .K = 0, .batch = 1, .bias = true, .gelu = true}, seed += 10);  // own kernel
+  }
 }
 
 TEST_CASE_TEMPLATE("cuda::gemm writes a wide output: the f32 accumulation of 16-bit inputs, rounded once",
@@ -374,6 +397,9 @@ TEST_CASE("cuda::gemm rejects bad arguments, naming the problem") {
   g.batch = 2;
   g.c.batch_stride = 2;
   CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: the output matrices overlap"), Error);
+  g = square;
+  g.gelu_input = m.data();  // without a bias
+  CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: the GELU epilogue needs a bias"), Error);
   g = square;
   g.K = -1;
   CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: negative size"), Error);
