@@ -62,7 +62,9 @@ std::string describe(const GemmArgs& g) {
                         g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
                         g.b.transpose ? " (transposed)" : "", " with ldb ", g.b.ld, " and batch stride ",
                         g.b.batch_stride, ", C [", g.M, ", ", g.N, "] with ldc ", g.c.ld, " and batch stride ",
-                        g.c.batch_stride, g.bias ? ", plus a bias" : "", g.gelu_input ? ", then GELU" : "");
+                        g.c.batch_stride, g.bias ? ", plus a bias" : "", g.gelu_input ? ", then GELU" : "",
+                        g.dgelu_input ? ", times GELU's derivative" : "",
+                        g.bias_gradient ? " (and its column sums)" : "");
 }
 
 cudaDataType_t data_type(DType dtype) {
@@ -90,6 +92,12 @@ void validate(const GemmArgs& g) {
   check(!g.gelu_input || (g.bias && g.batch == 1 && !g.wide_output && g.dtype != DType::f64 && g.c.ld % 8 == 0),
         "gemm", "the GELU epilogue needs a bias, one product, a bf16, f16 or f32 output and an ldc that is a ",
         "multiple of 8: the ", describe(g));
+  check(!g.dgelu_input || (!g.bias && !g.gelu_input && g.beta == 0.0 && g.batch == 1 && !g.wide_output &&
+                           g.dtype != DType::f64 && g.c.ld % 8 == 0),
+        "gemm", "the GELU-derivative epilogue needs no bias, beta 0, one product, a bf16, f16 or f32 output and an ",
+        "ldc that is a multiple of 8: the ", describe(g));
+  check(!g.bias_gradient || g.dgelu_input, "gemm", "a bias gradient comes only with the GELU-derivative epilogue: the ",
+        describe(g));
 }
 
 // The batch stride cuBLASLt sees: none for a single product.
@@ -157,6 +165,12 @@ void init_layout(cublasLtMatrixLayoutOpaque_t& layout, DType dtype, Extent e, st
 
 cublasOperation_t operation(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
+  if (g.dgelu_input) return g.bias_gradient ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  if (g.gelu_input) return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  return g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
   const cublasComputeType_t compute = g.dtype == DType::f64 ? CUBLAS_COMPUTE_64F
                                       : tf32                ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -165,13 +179,14 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
   TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulDescInit(&p.matmul, compute, scale), describe(g));
   set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(operation(g.b.transpose)), g);
   set(&p.matmul, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(operation(g.a.transpose)), g);
-  if (g.bias) {
-    const cublasLtEpilogue_t epilogue = g.gelu_input ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(epilogue), g);
-    set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, g);  // one vector for every entry: batch stride 0
+  if (g.bias || g.dgelu_input) {
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(epilogue_of(g)), g);
   }
-  if (g.gelu_input) {  // the sum, laid out as C
-    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.gelu_input, g);
+  // The bias (one vector for every entry: batch stride 0), or the bias gradient's output.
+  if (g.bias) set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, g);
+  if (g.bias_gradient) set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_gradient, g);
+  if (const void* aux = g.gelu_input ? g.gelu_input : g.dgelu_input) {  // GELU's input, laid out as C
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.c.ld, g);
   }
   init_layout(p.first, g.dtype, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
@@ -183,9 +198,10 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
 struct AlgoKey {
   int device;
   DType dtype, output;
-  bool tf32, tuned, trans_a, trans_b, bias, gelu;
+  bool tf32, tuned, trans_a, trans_b;
+  std::uint32_t epilogue;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
-  std::uint32_t align_a, align_b, align_c, align_bias, align_gelu;
+  std::uint32_t align_a, align_b, align_c, align_bias, align_aux;
   auto operator<=>(const AlgoKey&) const = default;
 };
 
@@ -199,8 +215,7 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           tuned,
           g.a.transpose,
           g.b.transpose,
-          g.bias != nullptr,
-          g.gelu_input != nullptr,
+          static_cast<std::uint32_t>(epilogue_of(g)),
           g.M,
           g.N,
           g.K,
@@ -214,8 +229,8 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           alignment(g.a.data, sa, g.dtype),
           alignment(g.b.data, sb, g.dtype),
           alignment(g.c.data, sc, output_dtype(g)),
-          alignment(g.bias, 0, output_dtype(g)),
-          alignment(g.gelu_input, 0, output_dtype(g))};
+          alignment(g.bias ? g.bias : g.bias_gradient, 0, output_dtype(g)),
+          alignment(g.gelu_input ? g.gelu_input : g.dgelu_input, 0, output_dtype(g))};
 }
 
 struct Algo {
@@ -338,7 +353,8 @@ Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Alg
 }
 
 // C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C. With gelu_input
-// (one entry): the sum there, and its GELU in C, as the epilogue does.
+// (one entry): the sum there, and its GELU in C, as the epilogue does. (With dgelu_input, beta is 0 and there is no
+// bias: C = 0 · GELU' = 0.)
 template <class S>
 __global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, std::int64_t N, std::int64_t ld,
                                      std::int64_t batch_stride, compute_of<S> beta, const S* bias, S* gelu_input) {
@@ -357,7 +373,14 @@ __global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, s
   }
 }
 
+// An empty product: K == 0 (the kernel above), or M == 0 (nothing to write but a bias gradient). The column sums of
+// a zero or empty C are zeros.
 void empty_product(const GemmArgs& g, const Launch& launch) {
+  if (g.bias_gradient) {
+    TAPEGRAD_CUDA_CHECK(cudaMemsetAsync(g.bias_gradient, 0, static_cast<std::size_t>(g.N) * dtype_size(output_dtype(g)),
+                                        launch.stream()));
+  }
+  if (g.M == 0) return;
   dispatch_float(output_dtype(g), "gemm", [&](auto tag) {
     using S = decltype(tag);
     constexpr int threads = 256;
@@ -374,9 +397,9 @@ void empty_product(const GemmArgs& g, const Launch& launch) {
 void gemm(const GemmArgs& g, int device) {
   check_device_index(device, "gemm");
   validate(g);
-  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+  if (g.N == 0 || g.batch == 0) return;
   const Launch launch(device);
-  if (g.K == 0) return empty_product(g, launch);
+  if (g.M == 0 || g.K == 0) return empty_product(g, launch);
 
   const bool tf32 = g.dtype == DType::f32 && allow_tf32();
   const cublasLtHandle_t handle = handle_of(device);

@@ -52,6 +52,11 @@ struct GemmArgs {
   // (product + bias) is rounded to C's dtype and written here, rows c.ld apart, and C = gelu_tanh of the sum, the
   // GELU computed on the unrounded sum. Saves reading the sum back for a separate activation pass.
   void* gelu_input = nullptr;
+  // Optional, one product of bf16, f16 or f32, no bias, beta 0 (cuBLASLt's DGELU and DGELU_BGRAD epilogues: the
+  // backward of gelu_input): C = alpha · op(A) · op(B), times gelu_tanh' of dgelu_input (laid out as C) before C's
+  // rounding; and, where bias_gradient is given, the sums of C's columns there (N values in C's dtype).
+  const void* dgelu_input = nullptr;
+  void* bias_gradient = nullptr;
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
   // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
   bool wide_output = false;

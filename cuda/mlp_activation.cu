@@ -89,7 +89,7 @@ std::int64_t chunks(std::int64_t rows, std::int64_t F) {
 template <class S> struct Buffers {
   const S* z;
   const S* da;               // backward only
-  S* a;                      // forward; backward where not null (may be da: its loads come first)
+  S* a;                      // forward; backward where not null (may be z or da: a thread loads a row first)
   S* dz;                     // backward only
   compute_of<S>* partials;   // backward; null: no bias gradient
 };

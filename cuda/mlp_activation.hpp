@@ -21,7 +21,7 @@ struct MlpActivation {
   TAPEGRAD_HOST_DEVICE int width() const { return gate == MlpGate::none ? 1 : 2; }
 };
 
-// z [rows, width·F] → a [rows, F].
+// z [rows, width·F] → a [rows, F]; a may be z (width 1: each element is read before it is written).
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
                             std::int64_t rows, std::int64_t F);
 

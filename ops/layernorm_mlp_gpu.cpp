@@ -204,6 +204,70 @@ template <class T> Tensor<T> padded_norm_output(const DeviceMlp<T>& s) {
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
 
+// From z and dy (padded): da = dy · W2ᵀ, then the activation kernel writes dz over z and a = act(z) over da (for
+// dW2), and sums db1 from its partial rows; db1 and dW2 go into g. Returns dz (z's memory).
+template <class P, class T>
+Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const MlpNeeds& need,
+                              DeviceMlpGrads<T, P>& g) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = s.dims;
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
+  const Device device = z.device();
+  Tensor<T> da(Shape{M, Fp}, device);  // then a
+  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
+  std::optional<ParamGrad<P, T>> db1;
+  Tensor<C> partials;
+  if (need.b1) {
+    db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
+    partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))}, device);
+  }
+  cuda::mlp_activation_backward(dtype_v<T>, device.index, device_activation(s.options), z.data(), da.data(),
+                                {.dz = z.data(),
+                                 .a = need.w2 ? da.data() : nullptr,
+                                 .dbias = db1 ? db1->data() : nullptr,
+                                 .partials = db1 ? partials.data() : nullptr,
+                                 .wide_dbias = ParamGrad<P, T>::wide},
+                                M, Fp);
+  if (db1) g.db1 = db1->result();
+  partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
+  if (need.w2) g.dw2 = weight_gradient<P>(da, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});  // da holds a now
+  return z;
+}
+
+// The same for GELU with the epilogues (gelu_epilogue): dz = (dy · W2ᵀ) · gelu'(z) in one GEMM (cuBLASLt's DGELU
+// epilogue, with its column sums as db1 where db1 is in T; in C they are summed from dz), then a = gelu(z) over z
+// for dW2. Returns dz (new memory; z's then holds a).
+template <class P, class T>
+Tensor<T> gelu_epilogue_backward(const DeviceMlp<T>& s, Tensor<T>& z, const Tensor<T>& dy, const MlpNeeds& need,
+                                 DeviceMlpGrads<T, P>& g) {
+  const auto [M, H, F, n] = s.dims;
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
+  const Device device = z.device();
+  Tensor<T> dz(Shape{M, Fp}, device);
+  std::optional<ParamGrad<P, T>> db1;
+  if (need.b1) db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
+  const bool fused_db1 = db1 && !ParamGrad<P, T>::wide;
+  cuda::gemm({.dtype = dtype_v<T>,
+              .M = M,
+              .N = Fp,
+              .K = Hp,
+              .a = {dy.data(), Hp, 0, false},
+              .b = {s.w2.data(), Hp, 0, true},
+              .c = {dz.data(), Fp, 0},
+              .dgelu_input = z.data(),
+              .bias_gradient = fused_db1 ? db1->data() : nullptr},
+             device.index);
+  if (db1 && !fused_db1) {
+    cuda::sum(dtype_v<T>, dz.data(), {{M, Fp}, {true, false}}, 1.0, db1->data(), device.index, ParamGrad<P, T>::wide);
+  }
+  if (db1) g.db1 = db1->result();
+  if (need.w2) {
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), z.data(), M, Fp);
+    g.dw2 = weight_gradient<P>(z, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
+  }
+  return dz;
+}
+
 }  // namespace
 
 template <class T, class P>
@@ -261,39 +325,21 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
 
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
   // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
-  // da (each element read, then written, by the same thread), so it adds only da's memory.
+  // da (each element read, then written, by the same thread), so it adds only da's memory; with the GELU epilogues
+  // dz is new and a goes over z, the same count.
   Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
   s.z = Tensor<T>();  // z's memory becomes dz below
   const Tensor<T> dyp = padded(dy, Shape{M, Hp});
-  const cuda::MlpActivation act = device_activation(s.options);
   if (!need_dz) {  // dW2 alone
     Tensor<T> a(Shape{M, Fp}, device);
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, act, z.data(), a.data(), M, Fp);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), a.data(), M, Fp);
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
     return g;
   }
-  {
-    Tensor<T> da(Shape{M, Fp}, device);  // then a
-    product(dyp, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
-    std::optional<ParamGrad<P, T>> db1;
-    Tensor<C> partials;
-    if (need.b1) {
-      db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
-      partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))}, device);
-    }
-    cuda::mlp_activation_backward(dtype_v<T>, device.index, act, z.data(), da.data(),
-                                  {.dz = z.data(),
-                                   .a = need.w2 ? da.data() : nullptr,
-                                   .dbias = db1 ? db1->data() : nullptr,
-                                   .partials = db1 ? partials.data() : nullptr,
-                                   .wide_dbias = ParamGrad<P, T>::wide},
-                                  M, Fp);
-    if (db1) g.db1 = db1->result();
-    partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
-    if (need.w2) g.dw2 = weight_gradient<P>(da, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});  // da holds a now
-  }
-  Tensor<T> dz = std::move(z);  // [M, nF]
+  Tensor<T> dz = gelu_epilogue(s) ? gelu_epilogue_backward<P>(s, z, dyp, need, g)
+                                  : activation_backward<P>(s, std::move(z), dyp, need, g);
+  z = Tensor<T>();
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
   h = Tensor<T>();
   s.h = Tensor<T>();

@@ -202,8 +202,26 @@ struct GemmCase {
   bool shared_a = false, shared_b = false;
   double alpha = 1.0, beta = 0.0;
   bool bias = false;
-  bool gelu = false;  // the GELU epilogue (needs the bias, batch 1, no padding here)
+  bool gelu = false;   // the GELU epilogue (needs the bias, batch 1, no padding here)
+  bool dgelu = false;  // the GELU-derivative epilogue (no bias, beta 0, batch 1, no padding here)
+  bool bias_gradient = false;  // with dgelu: C's column sums
 };
+
+// C = the product (want, in double) times GELU'(gelu_input), and, if asked, its column sums (C's M rows of errors
+// within the product's tolerance, added: M times K terms).
+template <class O>
+void check_gelu_derivative(const GemmCase& e, const Tensor<O>& c_gpu, const Tensor<O>& bias_gradient_gpu,
+                           const Tensor<O>& gelu_input, Tensor<double> want) {
+  Tensor<double> sums = zeros<double>({e.N});
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    double grad = 0;
+    activation::gelu_tanh(static_cast<double>(gelu_input.flat(i)), &grad);
+    want.flat(i) *= grad;
+    sums.flat(i % e.N) += want.flat(i);
+  }
+  check_close(c_gpu.to(host), want, tolerance<O>(e.K));
+  if (e.bias_gradient) check_close(bias_gradient_gpu.to(host), sums, tolerance<O>(e.K * e.M));
+}
 
 // Runs the case through cuda::gemm on A and B in T, with C and the bias in O (T, or its compute type for a wide
 // output), and through the CPU gemm in double on the same values (C's padding included, which neither may touch),
@@ -219,6 +237,7 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
   CAPTURE(e.shared_b);
   CAPTURE(e.bias);
   CAPTURE(e.gelu);
+  CAPTURE(e.dgelu);
   const std::int64_t a_rows = e.trans_a ? e.K : e.M, a_cols = e.trans_a ? e.M : e.K;
   const std::int64_t b_rows = e.trans_b ? e.N : e.K, b_cols = e.trans_b ? e.K : e.N;
   const std::int64_t lda = a_cols + e.pad, ldb = b_cols + e.pad, ldc = e.N + e.pad;
@@ -233,6 +252,9 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
   const Tensor<O> bias_gpu = bias.to(gpu);
   Tensor<O> c_gpu = c.to(gpu);
   Tensor<O> sum_gpu(Shape{e.gelu ? e.batch * stride_c : 0}, gpu);
+  const Tensor<O> gelu_input = randn<O>({e.dgelu ? stride_c : 0}, seed + 4);  // GELU's input, for its derivative
+  const Tensor<O> gelu_input_gpu = gelu_input.to(gpu);
+  Tensor<O> bias_gradient_gpu(Shape{e.bias_gradient ? e.N : 0}, gpu);
   cuda::gemm({.dtype = dtype_v<T>,
               .M = e.M,
               .N = e.N,
@@ -245,6 +267,8 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
               .beta = e.beta,
               .bias = e.bias ? bias_gpu.data() : nullptr,
               .gelu_input = e.gelu ? sum_gpu.data() : nullptr,
+              .dgelu_input = e.dgelu ? gelu_input_gpu.data() : nullptr,
+              .bias_gradient = e.bias_gradient ? bias_gradient_gpu.data() : nullptr,
               .wide_output = !std::is_same_v<O, T>},
              0);
 
@@ -258,6 +282,7 @@ template <class T, class O = T> void check_gemm(const GemmCase& e, std::uint64_t
       for (std::int64_t j = 0; j < e.N; ++j) c_i[r * ldc + j] += bias_d.flat(j);
     }
   }
+  if (e.dgelu) return check_gelu_derivative(e, c_gpu, bias_gradient_gpu, gelu_input, std::move(want));
   if (!e.gelu) return check_close(c_gpu.to(host), want, tolerance<O>(e.K));
   // The sum (rounded to O) where asked, and C its tanh-GELU (|GELU'| < 1.13: the sum's tolerance holds).
   check_close(sum_gpu.to(host), want, tolerance<O>(e.K));
@@ -310,6 +335,20 @@ TEST_CASE_TEMPLATE("cuda::gemm's GELU epilogue writes the sum and its tanh-GELU 
     check_gemm<T>({.M = 7, .N = 40, .K = 129, .batch = 1, .bias = true, .gelu = true}, seed += 10);
     check_gemm<T>({.M = 257, .N = 1024, .K = 96, .batch = 1, .trans_b = true, .bias = true, .gelu = true}, seed += 10);
     check_gemm<T>({.M = 7, .N = 16, .K = 0, .batch = 1, .bias = true, .gelu = true}, seed += 10);  // own kernel
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda::gemm's GELU-derivative epilogue multiplies by GELU' of its input and sums the columns",
+                   T, TAPEGRAD_GPU_DTYPES) {
+  std::uint64_t seed = 770;
+  if constexpr (std::is_same_v<T, double>) {
+    CHECK_THROWS_WITH_AS(check_gemm<T>({.M = 7, .N = 40, .K = 129, .batch = 1, .dgelu = true}, seed),
+                         doctest::Contains("gemm: the GELU-derivative epilogue needs no bias, beta 0"), Error);
+  } else {
+    check_gemm<T>({.M = 7, .N = 40, .K = 129, .batch = 1, .dgelu = true}, seed += 10);
+    check_gemm<T>({.M = 257, .N = 1024, .K = 96, .batch = 1, .trans_b = true, .dgelu = true, .bias_gradient = true},
+                  seed += 10);
+    check_gemm<T>({.M = 64, .N = 48, .K = 0, .batch = 1, .dgelu = true, .bias_gradient = true}, seed += 10);
   }
 }
 
@@ -400,6 +439,9 @@ TEST_CASE("cuda::gemm rejects bad arguments, naming the problem") {
   g = square;
   g.gelu_input = m.data();  // without a bias
   CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: the GELU epilogue needs a bias"), Error);
+  g = square;
+  g.bias_gradient = m.data();  // without the GELU-derivative epilogue
+  CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: a bias gradient comes only with"), Error);
   g = square;
   g.K = -1;
   CHECK_THROWS_WITH_AS(cuda::gemm(g, 0), doctest::Contains("gemm: negative size"), Error);
