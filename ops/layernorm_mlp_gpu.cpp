@@ -52,12 +52,20 @@ cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
   throw Error("layernorm_mlp: unknown activation");
 }
 
+// cuBLASLt's GELU epilogues (cuda::GemmArgs says what each does); none by default.
+struct GeluEpilogue {
+  void* gelu_input = nullptr;
+  const void* dgelu_input = nullptr;
+  void* bias_gradient = nullptr;
+};
+
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null), row-major: A stored [M, K], or [K, M]
 // when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute type
 // (the f32 accumulation of 16-bit products rounded once to f32).
 template <class T>
 void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
-             std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false) {
+             std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false,
+             const GeluEpilogue& gelu = {}) {
   cuda::gemm({.dtype = dtype_v<T>,
               .M = M,
               .N = N,
@@ -67,6 +75,9 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
               .c = {out, N, 0},
               .beta = beta,
               .bias = bias,
+              .gelu_input = gelu.gelu_input,
+              .dgelu_input = gelu.dgelu_input,
+              .bias_gradient = gelu.bias_gradient,
               .wide_output = wide},
              a.device().index);
 }
@@ -151,16 +162,7 @@ template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Te
     return out;
   }
   out.a = Tensor<T>(Shape{M, F}, h.device());
-  cuda::gemm({.dtype = dtype_v<T>,
-              .M = M,
-              .N = F,
-              .K = H,
-              .a = {h.data(), H, 0, false},
-              .b = {s.w1.data(), F, 0, false},
-              .c = {out.a.data(), F, 0},
-              .bias = s.b1.data(),
-              .gelu_input = out.z.data()},
-             h.device().index);
+  product(h, false, s.w1, false, M, F, H, s.b1.data(), 0.0, out.a.data(), false, {.gelu_input = out.z.data()});
   return out;
 }
 
@@ -247,16 +249,8 @@ Tensor<T> gelu_epilogue_backward(const DeviceMlp<T>& s, Tensor<T>& z, const Tens
   std::optional<ParamGrad<P, T>> db1;
   if (need.b1) db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
   const bool fused_db1 = db1 && !ParamGrad<P, T>::wide;
-  cuda::gemm({.dtype = dtype_v<T>,
-              .M = M,
-              .N = Fp,
-              .K = Hp,
-              .a = {dy.data(), Hp, 0, false},
-              .b = {s.w2.data(), Hp, 0, true},
-              .c = {dz.data(), Fp, 0},
-              .dgelu_input = z.data(),
-              .bias_gradient = fused_db1 ? db1->data() : nullptr},
-             device.index);
+  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, dz.data(), false,
+          {.dgelu_input = z.data(), .bias_gradient = fused_db1 ? db1->data() : nullptr});
   if (db1 && !fused_db1) {
     cuda::sum(dtype_v<T>, dz.data(), {{M, Fp}, {true, false}}, 1.0, db1->data(), device.index, ParamGrad<P, T>::wide);
   }
