@@ -165,13 +165,15 @@ template <class T> Tolerance tolerance_for(const Case& c) {
   return tol;
 }
 
-template <class T> test::Run<T> check_case(const Case& c, std::uint64_t seed) {
+// atol_in_rms: the case's atol counts in units of the reference's rms (test::Tolerance).
+template <class T> test::Run<T> check_case(const Case& c, std::uint64_t seed, bool atol_in_rms = false) {
   const std::string what = describe(c);
   CAPTURE(what);
   const InputPlan p = plan(c);
+  Tolerance tol = tolerance_for<T>(c);
+  tol.atol_in_rms = atol_in_rms;
   return test::check_values_against_cpu<T>(
-      what, [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, seed), tolerance_for<T>(c),
-      seed);
+      what, [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, seed), tol, seed);
 }
 
 }  // namespace
@@ -207,12 +209,7 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU on a larger block",
     const Case c{.options = options_for(act, NormType::layernorm, Recompute::recompute_norm, false, false),
                  .x = Shape{96, 128},
                  .ffn = 2312};
-    CAPTURE(describe(c));
-    const InputPlan p = plan(c);
-    Tolerance tol = tolerance_for<T>(c);
-    tol.atol_in_rms = true;
-    test::check_values_against_cpu<T>(
-        describe(c), [&](const auto& v) { return block_of_inputs(c, v); }, p.inputs, draw<T>(c, p, 250), tol, 250);
+    check_case<T>(c, 250, true);
   }
 }
 
