@@ -56,7 +56,6 @@ cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
 struct GeluEpilogue {
   void* gelu_input = nullptr;
   const void* dgelu_input = nullptr;
-  void* bias_gradient = nullptr;
 };
 
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null), row-major: A stored [M, K], or [K, M]
@@ -77,7 +76,6 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
               .bias = bias,
               .gelu_input = gelu.gelu_input,
               .dgelu_input = gelu.dgelu_input,
-              .bias_gradient = gelu.bias_gradient,
               .wide_output = wide},
              a.device().index);
 }
@@ -237,28 +235,32 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
 }
 
 // The same for GELU with the epilogues (gelu_epilogue): dz = (dy · W2ᵀ) · gelu'(z) in one GEMM (cuBLASLt's DGELU
-// epilogue, with its column sums as db1 where db1 is in T; in C they are summed from dz), then a = gelu(z) over z
-// for dW2. Returns dz (new memory; z's then holds a).
+// epilogue), then one pass over z and dz writes a = gelu(z) over z for dW2 and sums db1 from dz. (DGELU_BGRAD's
+// column sums would save that read of dz, but cuBLASLt 13 adds them in a separate kernel that took 0.98 ms at gpt_4k,
+// five times this pass.) Returns dz (new memory; z's then holds a).
 template <class P, class T>
 Tensor<T> gelu_epilogue_backward(const DeviceMlp<T>& s, Tensor<T>& z, const Tensor<T>& dy, const MlpNeeds& need,
                                  DeviceMlpGrads<T, P>& g) {
+  using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = z.device();
   Tensor<T> dz(Shape{M, Fp}, device);
+  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, dz.data(), false, {.dgelu_input = z.data()});
   std::optional<ParamGrad<P, T>> db1;
-  if (need.b1) db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
-  const bool fused_db1 = db1 && !ParamGrad<P, T>::wide;
-  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, dz.data(), false,
-          {.dgelu_input = z.data(), .bias_gradient = fused_db1 ? db1->data() : nullptr});
-  if (db1 && !fused_db1) {
-    cuda::sum(dtype_v<T>, dz.data(), {{M, Fp}, {true, false}}, 1.0, db1->data(), device.index, ParamGrad<P, T>::wide);
+  Tensor<C> partials;
+  if (need.b1) {
+    db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
+    partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, 1)}, device);
   }
+  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), z.data(), M, Fp,
+                               {.of = db1 ? dz.data() : nullptr,
+                                .sums = db1 ? db1->data() : nullptr,
+                                .partials = db1 ? partials.data() : nullptr,
+                                .wide = ParamGrad<P, T>::wide});
   if (db1) g.db1 = db1->result();
-  if (need.w2) {
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), z.data(), M, Fp);
-    g.dw2 = weight_gradient<P>(z, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
-  }
+  partials = Tensor<C>();
+  if (need.w2) g.dw2 = weight_gradient<P>(z, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
   return dz;
 }
 

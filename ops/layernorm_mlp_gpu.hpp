@@ -9,8 +9,7 @@
 // GELU with a bias (bf16, f16, f32, ffn a multiple of 8): GEMM1 applies it in cuBLASLt's epilogue, on the sum before
 // z's rounding to T, where the CPU computes GELU of the rounded z; the backward's a (for dW2) is made by the
 // activation kernel from the rounded z, as the CPU's, so it can differ from the forward's a in T's last bit. In the
-// backward, dy · W2ᵀ is multiplied by GELU'(z) in that GEMM's epilogue before rounding (the CPU rounds da first), and
-// db1 (in T) is the epilogue's column sums of dz.
+// backward, dy · W2ᵀ is multiplied by GELU'(z) in that GEMM's epilogue before rounding (the CPU rounds da first).
 //
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
 // must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: its parameters, h, dy and
