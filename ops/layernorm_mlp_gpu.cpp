@@ -333,7 +333,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
     return g;
   }
-  Tensor<T> dz = gelu_epilogue(s) ? gelu_epilogue_backward<P>(s, z, dyp, need, g)
+  Tensor<T> dz = false ? gelu_epilogue_backward<P>(s, z, dyp, need, g)
                                   : activation_backward<P>(s, std::move(z), dyp, need, g);
   z = Tensor<T>();
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
