@@ -1,13 +1,11 @@
 // The activation step of layernorm_mlp (interface: cuda/mlp_activation.hpp).
 //
-// One kernel for every pass. The rows are cut into chunks (a function of the shape only); block (t, c) takes the
+// One kernel for both directions. The rows are cut into chunks (a function of the shape only); block (t, c) takes the
 // t-th tile of threads · V columns over chunk c's rows, thread by thread the same V columns of every row (and of the
 // gate half, for gated activations), read V at a time: 16 bytes where the rows allow, one element otherwise. Each
-// thread has the loads of its next rows in flight while it computes the current ones. Backward, each thread adds
-// its columns of dz (as rounded to the storage type) over its chunk's rows in row order and writes the chunk's
-// partial row; sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for
-// either V. The summing pass (after cuBLASLt's DGELU epilogue made dz) adds the given dz's columns the same way
-// while it writes a.
+// thread has the loads of its next rows in flight while it computes the current ones. Backward, each thread adds its columns of dz (as
+// rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial row; sum_partials adds
+// the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
 #include "cuda/mlp_activation.hpp"
 
 #include "cuda/activation_math.hpp"
@@ -24,10 +22,6 @@ namespace act = tapegrad::activation;
 // the values of a pack, where a switch per value keeps them apart), any activation through the general switch. A
 // fixed form computes exactly what the switch does for it.
 enum class Form { general, gelu, swiglu };
-
-// forward: a = act(z); backward: dz (and a) from z and da; summing: a = act(z) and the partial column sums of a dz
-// computed elsewhere (read in da's place).
-enum class Pass { forward, backward, summing };
 
 Form form_of(const MlpActivation& a) {
   if (a.fn == MlpFunction::gelu_tanh && a.gate == MlpGate::none) return Form::gelu;
@@ -94,16 +88,15 @@ std::int64_t chunks(std::int64_t rows, std::int64_t F) {
 
 template <class S> struct Buffers {
   const S* z;
-  const S* da;               // backward: da [rows, F]; summing: the dz to sum [rows, width·F]
-  S* a;                      // forward, summing; backward where not null (may be z or da: a thread loads a row first)
+  const S* da;               // backward only
+  S* a;                      // forward; backward where not null (may be da: its loads come first)
   S* dz;                     // backward only
-  compute_of<S>* partials;   // backward, summing; null: no bias gradient
+  compute_of<S>* partials;   // backward; null: no bias gradient
 };
 
-// The loads of R rows of a thread's columns: z (both halves for gated activations) and, backward, da or,
-// summing, the given dz (both halves).
-template <class S, int V, int R, Pass P> struct RowLoads {
-  Pack<S, V> z0[R], z1[R], d[R], d1[R];
+// The loads of R rows of a thread's columns: z (both halves for gated activations) and, backward, da.
+template <class S, int V, int R, bool Backward> struct RowLoads {
+  Pack<S, V> z0[R], z1[R], d[R];
 
   __device__ __forceinline__ void load(const Buffers<S>& b, std::int64_t r0, std::int64_t last, std::int64_t F,
                                        std::int64_t col, int width) {
@@ -113,18 +106,14 @@ template <class S, int V, int R, Pass P> struct RowLoads {
       const S* z = b.z + (r0 + k) * width * F + col;
       z0[k] = *reinterpret_cast<const Pack<S, V>*>(z);
       if (width == 2) z1[k] = *reinterpret_cast<const Pack<S, V>*>(z + F);
-      if constexpr (P == Pass::backward) d[k] = *reinterpret_cast<const Pack<S, V>*>(b.da + (r0 + k) * F + col);
-      if constexpr (P == Pass::summing) {
-        d[k] = *reinterpret_cast<const Pack<S, V>*>(b.da + (r0 + k) * width * F + col);
-        if (width == 2) d1[k] = *reinterpret_cast<const Pack<S, V>*>(b.da + (r0 + k) * width * F + col + F);
-      }
+      if constexpr (Backward) d[k] = *reinterpret_cast<const Pack<S, V>*>(b.da + (r0 + k) * F + col);
     }
   }
 };
 
 // Each thread keeps the next R rows' loads in flight while it computes the current R (a register double buffer):
 // loading, then computing, left the memory idle while a warp computed, and the kernel moved ~2.4 TB/s of ~4.
-template <class S, int V, Pass P, Form Fixed>
+template <class S, int V, bool Backward, Form Fixed>
 __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivation act, const Buffers<S> b,
                                                              std::int64_t rows, std::int64_t F,
                                                              std::int64_t chunk_rows) {
@@ -135,8 +124,7 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
   const std::int64_t first = blockIdx.y * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
   constexpr int R = rows_in_flight;
   C sum0[V] = {}, sum1[V] = {};
-  constexpr bool Backward = P == Pass::backward;
-  RowLoads<S, V, R, P> now, next;
+  RowLoads<S, V, R, Backward> now, next;
   now.load(b, first, last, F, col, width);
   for (std::int64_t r0 = first; r0 < last; r0 += R) {
     if (r0 + R < last) next.load(b, r0 + R, last, F, col, width);
@@ -163,10 +151,6 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
           dz0.v[v] = from_compute<S>(to_compute<C>(now.d[k].v[v]) * grad);
           sum0[v] += to_compute<C>(dz0.v[v]);
         }
-        if constexpr (P == Pass::summing) {
-          sum0[v] += to_compute<C>(now.d[k].v[v]);
-          if (width == 2) sum1[v] += to_compute<C>(now.d1[k].v[v]);
-        }
         a.v[v] = from_compute<S>(value);
       }
       if (!Backward || b.a) *reinterpret_cast<Pack<S, V>*>(b.a + r * F + col) = a;
@@ -178,7 +162,7 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
     }
     now = next;
   }
-  if constexpr (P != Pass::forward) {
+  if constexpr (Backward) {
     if (b.partials) {
       C* partial = b.partials + blockIdx.y * width * F + col;
 #pragma unroll
@@ -190,7 +174,7 @@ __global__ void __launch_bounds__(threads, 2) activation_kernel(const MlpActivat
   }
 }
 
-template <class S, Pass P>
+template <class S, bool Backward>
 void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b, std::int64_t rows,
                        std::int64_t F) {
   if (rows * F == 0) return;
@@ -202,13 +186,13 @@ void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b
   const std::int64_t per_chunk = chunk_rows(rows, F);
   const cudaStream_t stream = launch.stream();
   if (!packs) {
-    activation_kernel<S, 1, P, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+    activation_kernel<S, 1, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
   } else if (form_of(act) == Form::gelu) {
-    activation_kernel<S, wide, P, Form::gelu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+    activation_kernel<S, wide, Backward, Form::gelu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
   } else if (form_of(act) == Form::swiglu) {
-    activation_kernel<S, wide, P, Form::swiglu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+    activation_kernel<S, wide, Backward, Form::swiglu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
   } else {
-    activation_kernel<S, wide, P, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
+    activation_kernel<S, wide, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
   }
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
@@ -220,23 +204,11 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 }
 
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const MlpColumnSums& sums) {
+                            std::int64_t rows, std::int64_t F) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
     using S = decltype(tag);
-    using C = compute_of<S>;
-    if (!sums.of) {
-      launch_activation<S, Pass::forward>(
-          device, act, {static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr}, rows, F);
-      return;
-    }
-    C* partials = sums.sums ? static_cast<C*>(sums.partials) : nullptr;
-    launch_activation<S, Pass::summing>(
-        device, act,
-        {static_cast<const S*>(z), static_cast<const S*>(sums.of), static_cast<S*>(a), nullptr, partials}, rows, F);
-    if (sums.sums) {
-      const DType type = sums.wide ? compute_dtype(dtype) : dtype;
-      sum_partials(type, partials, chunks(rows, F), act.width() * F, sums.sums, device);
-    }
+    launch_activation<S, false>(device, act, {static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr},
+                                rows, F);
   });
 }
 
@@ -246,7 +218,7 @@ void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, 
     using S = decltype(tag);
     using C = compute_of<S>;
     C* partials = out.dbias ? static_cast<C*>(out.partials) : nullptr;
-    launch_activation<S, Pass::backward>(device, act,
+    launch_activation<S, true>(device, act,
                                {static_cast<const S*>(z), static_cast<const S*>(da), static_cast<S*>(out.a),
                                 static_cast<S*>(out.dz), partials},
                                rows, F);

@@ -21,19 +21,9 @@ struct MlpActivation {
   TAPEGRAD_HOST_DEVICE int width() const { return gate == MlpGate::none ? 1 : 2; }
 };
 
-// Column sums of a gradient made elsewhere (GEMM2's DGELU epilogue writes dz; db1 = Σ_rows dz), taken in the
-// activation's forward pass over the same rows.
-struct MlpColumnSums {
-  const void* of = nullptr;  // [rows, width·F] in dtype; null: no sums
-  void* sums = nullptr;      // [width·F] = Σ_rows of, summed in the compute type
-  void* partials = nullptr;  // scratch: mlp_activation_partials(rows, F, width) elements of the compute type
-  bool wide = false;         // sums in the compute type (rounded once to it) instead of dtype
-};
-
-// z [rows, width·F] → a [rows, F]; a may be z (width 1: each element is read before it is written). With sums.of,
-// the same kernel also sums its columns (as mlp_activation_backward sums dz: bitwise the same on every run).
+// z [rows, width·F] → a [rows, F].
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const MlpColumnSums& sums = {});
+                            std::int64_t rows, std::int64_t F);
 
 struct MlpActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)

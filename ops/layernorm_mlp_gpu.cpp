@@ -52,19 +52,14 @@ cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
   throw Error("layernorm_mlp: unknown activation");
 }
 
-// cuBLASLt's GELU epilogues (cuda::GemmArgs says what each does); none by default.
-struct GeluEpilogue {
-  void* gelu_input = nullptr;
-  const void* dgelu_input = nullptr;
-};
-
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null), row-major: A stored [M, K], or [K, M]
 // when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute type
-// (the f32 accumulation of 16-bit products rounded once to f32).
+// (the f32 accumulation of 16-bit products rounded once to f32). With gelu_input, out = GELU of the sum and the sum
+// goes to gelu_input (cuBLASLt's GELU_AUX_BIAS epilogue).
 template <class T>
 void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
              std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false,
-             const GeluEpilogue& gelu = {}) {
+             void* gelu_input = nullptr) {
   cuda::gemm({.dtype = dtype_v<T>,
               .M = M,
               .N = N,
@@ -74,8 +69,7 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
               .c = {out, N, 0},
               .beta = beta,
               .bias = bias,
-              .gelu_input = gelu.gelu_input,
-              .dgelu_input = gelu.dgelu_input,
+              .gelu_input = gelu_input,
               .wide_output = wide},
              a.device().index);
 }
@@ -160,7 +154,7 @@ template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Te
     return out;
   }
   out.a = Tensor<T>(Shape{M, F}, h.device());
-  product(h, false, s.w1, false, M, F, H, s.b1.data(), 0.0, out.a.data(), false, {.gelu_input = out.z.data()});
+  product(h, false, s.w1, false, M, F, H, s.b1.data(), 0.0, out.a.data(), false, out.z.data());
   return out;
 }
 
@@ -234,36 +228,6 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
   return z;
 }
 
-// The same for GELU with the epilogues (gelu_epilogue): dz = (dy · W2ᵀ) · gelu'(z) in one GEMM (cuBLASLt's DGELU
-// epilogue), then one pass over z and dz writes a = gelu(z) over z for dW2 and sums db1 from dz. (DGELU_BGRAD's
-// column sums would save that read of dz, but cuBLASLt 13 adds them in a separate kernel that took 0.98 ms at gpt_4k,
-// five times this pass.) Returns dz (new memory; z's then holds a).
-template <class P, class T>
-Tensor<T> gelu_epilogue_backward(const DeviceMlp<T>& s, Tensor<T>& z, const Tensor<T>& dy, const MlpNeeds& need,
-                                 DeviceMlpGrads<T, P>& g) {
-  using C = compute_t<T>;
-  const auto [M, H, F, n] = s.dims;
-  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
-  const Device device = z.device();
-  Tensor<T> dz(Shape{M, Fp}, device);
-  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, dz.data(), false, {.dgelu_input = z.data()});
-  std::optional<ParamGrad<P, T>> db1;
-  Tensor<C> partials;
-  if (need.b1) {
-    db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
-    partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, 1)}, device);
-  }
-  cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), z.data(), M, Fp,
-                               {.of = db1 ? dz.data() : nullptr,
-                                .sums = db1 ? db1->data() : nullptr,
-                                .partials = db1 ? partials.data() : nullptr,
-                                .wide = ParamGrad<P, T>::wide});
-  if (db1) g.db1 = db1->result();
-  partials = Tensor<C>();
-  if (need.w2) g.dw2 = weight_gradient<P>(z, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
-  return dz;
-}
-
 }  // namespace
 
 template <class T, class P>
@@ -321,8 +285,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
 
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
   // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
-  // da (each element read, then written, by the same thread), so it adds only da's memory; with the GELU epilogues
-  // dz is new and a goes over z, the same count.
+  // da (each element read, then written, by the same thread), so it adds only da's memory.
   Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
   s.z = Tensor<T>();  // z's memory becomes dz below
@@ -333,9 +296,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
     return g;
   }
-  Tensor<T> dz = false ? gelu_epilogue_backward<P>(s, z, dyp, need, g)
-                                  : activation_backward<P>(s, std::move(z), dyp, need, g);
-  z = Tensor<T>();
+  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, need, g);
   if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
   h = Tensor<T>();
   s.h = Tensor<T>();

@@ -8,8 +8,9 @@
 // for that, the norm backward sums dγ, dβ in C). db1 sums dz after its rounding to T, where the CPU sums it before.
 // GELU with a bias (bf16, f16, f32, ffn a multiple of 8): GEMM1 applies it in cuBLASLt's epilogue, on the sum before
 // z's rounding to T, where the CPU computes GELU of the rounded z; the backward's a (for dW2) is made by the
-// activation kernel from the rounded z, as the CPU's, so it can differ from the forward's a in T's last bit. In the
-// backward, dy · W2ᵀ is multiplied by GELU'(z) in that GEMM's epilogue before rounding (the CPU rounds da first).
+// activation kernel from the rounded z, as the CPU's, so it can differ from the forward's a in T's last bit. The
+// backward stays with the activation kernel: cuBLASLt 13's DGELU epilogue ran as an older, slower GEMM kernel, and
+// DGELU_BGRAD added the bias gradient in a separate kernel (bench/RESULTS.md (j)).
 //
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
 // must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: its parameters, h, dy and
