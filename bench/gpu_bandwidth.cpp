@@ -1,11 +1,12 @@
-// GPU bandwidth of the elementwise program kernel and of the layernorm kernels (and, beside them, the card's own
-// device-to-device copy, the reference): GB/s = bytes the kernel must read and write / median time. Sizes from
-// 1 MiB to 1 GiB per tensor.
+// GPU bandwidth of the elementwise program kernel, the layernorm kernels and layernorm_mlp's activation kernel (and,
+// beside them, the card's own device-to-device copy, the reference): GB/s = bytes the kernel must read and write /
+// median time. Sizes from 1 MiB to 1 GiB per tensor.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cuda/elementwise.hpp"
+#include "cuda/mlp_activation.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad.hpp"
 
@@ -106,6 +107,38 @@ template <class T> void layernorm_group(const char* dtype) {
   }
 }
 
+// layernorm_mlp's activation kernel on the large blocks' z (8192 rows; GELU: F 16384, SwiGLU: both halves of F 11008),
+// called directly. Forward reads z, writes a; backward reads z and da, writes dz and a (for dW2) and the chunks'
+// partial sums of db1 (a few rows' worth, not counted).
+template <class T> void mlp_activation_group(const char* dtype) {
+  using namespace tapegrad;
+  using C = compute_t<T>;
+  using cuda::MlpActivation, cuda::MlpFunction, cuda::MlpGate;
+  const std::int64_t rows = 8192;
+  const struct {
+    const char* name;
+    MlpActivation act;
+    std::int64_t F;
+  } forms[] = {{"mlp_activation gelu", {MlpFunction::gelu_tanh, MlpGate::none}, 16384},
+               {"mlp_activation swiglu", {MlpFunction::swish, MlpGate::linear}, 11008}};
+  for (const auto& [name, act, F] : forms) {
+    const std::int64_t width = act.width(), numel = rows * F;
+    const double size = static_cast<double>(numel) * sizeof(T);
+    const Tensor<T> z = randn<T>({rows, width * F}, 1, 0, 1, gpu), da = randn<T>({rows, F}, 2, 0, 1, gpu);
+    Tensor<T> a({rows, F}, gpu), dz({rows, width * F}, gpu), dbias({width * F}, gpu);
+    Tensor<C> partials({cuda::mlp_activation_partials(rows, F, static_cast<int>(width))}, gpu);
+    const std::string label(name);
+    report((label + " forward").c_str(), dtype, numel, (width + 1) * size, measure_gpu([&] {
+             cuda::mlp_activation_forward(dtype_v<T>, 0, act, z.data(), a.data(), rows, F);
+           }));
+    report((label + " backward").c_str(), dtype, numel, 2 * (width + 1) * size, measure_gpu([&] {
+             cuda::mlp_activation_backward(
+                 dtype_v<T>, 0, act, z.data(), da.data(),
+                 {.dz = dz.data(), .a = a.data(), .dbias = dbias.data(), .partials = partials.data()}, rows, F);
+           }));
+  }
+}
+
 }  // namespace
 
 void gpu_bandwidth() {
@@ -116,6 +149,8 @@ void gpu_bandwidth() {
   backward_group<tapegrad::bf16>("bf16");
   layernorm_group<float>("f32");
   layernorm_group<tapegrad::bf16>("bf16");
+  mlp_activation_group<float>("f32");
+  mlp_activation_group<tapegrad::bf16>("bf16");
 }
 
 }  // namespace bench
