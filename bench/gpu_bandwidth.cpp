@@ -96,7 +96,9 @@ template <class T> void backward_group(const char* dtype) {
 // statistics and the dγ/dβ partials are a few rows' worth, not counted).
 template <class T> void layernorm_group(const char* dtype) {
   using namespace tapegrad;
-  for (const std::int64_t rows : {std::int64_t{1} << 10, std::int64_t{1} << 14, std::int64_t{1} << 16}) {
+  // 8192 rows: layernorm_mlp's large blocks (one wave of the backward's blocks).
+  for (const std::int64_t rows :
+       {std::int64_t{1} << 10, std::int64_t{1} << 13, std::int64_t{1} << 14, std::int64_t{1} << 16}) {
     const std::int64_t hidden = 4096, numel = rows * hidden;
     const double size = static_cast<double>(numel) * sizeof(T);
     const Var<T> gamma = constant(randn<T>({hidden}, 3, 1, 0.1, gpu));
