@@ -131,11 +131,11 @@ template <class T> void mlp_activation_group(const char* dtype) {
     Tensor<C> partials({cuda::mlp_activation_partials(rows, F, static_cast<int>(width))}, gpu);
     const std::string label(name);
     report((label + " forward").c_str(), dtype, numel, (width + 1) * size, measure_gpu([&] {
-             cuda::mlp_activation_forward(dtype_v<T>, 0, act, z.data(), a.data(), rows, F);
+             cuda::mlp_activation_forward(dtype_v<T>, gpu.index, act, z.data(), a.data(), rows, F);
            }));
     report((label + " backward").c_str(), dtype, numel, 2 * (width + 1) * size, measure_gpu([&] {
              cuda::mlp_activation_backward(
-                 dtype_v<T>, 0, act, z.data(), da.data(),
+                 dtype_v<T>, gpu.index, act, z.data(), da.data(),
                  {.dz = dz.data(), .a = a.data(), .dbias = dbias.data(), .partials = partials.data()}, rows, F);
            }));
   }
