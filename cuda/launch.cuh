@@ -55,6 +55,18 @@ template <class S, int V> struct alignas(sizeof(S) * V < 16 ? sizeof(S) * V : 16
   S v[V];
 };
 
+// *to = pack, marked evict-first (a streaming store) where the pack is whole 16-byte accesses: for outputs far larger
+// than L2 that the next kernel reads from memory anyway, so they do not evict lines still being read.
+template <class S, int V> __device__ __forceinline__ void store_streaming(Pack<S, V>* to, const Pack<S, V>& pack) {
+  if constexpr (sizeof(pack) % 16 == 0) {
+#pragma unroll
+    for (unsigned i = 0; i < sizeof(pack) / 16; ++i)
+      __stcs(reinterpret_cast<int4*>(to) + i, reinterpret_cast<const int4*>(&pack)[i]);
+  } else {
+    *to = pack;
+  }
+}
+
 // Calls fn(S{}) with S the storage type of the floating dtype `dtype`; throws naming `op` for any other dtype.
 template <class Fn> void dispatch_float(DType dtype, std::string_view op, Fn&& fn) {
   switch (dtype) {
