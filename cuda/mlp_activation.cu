@@ -3,9 +3,9 @@
 // One kernel for both directions. The rows are cut into chunks (a function of the shape only); block (t, c) takes the
 // t-th tile of threads · V columns over chunk c's rows, thread by thread the same V columns of every row (and of the
 // gate half, for gated activations), read V at a time: 16 bytes where the rows allow, one element otherwise. Each
-// thread has the loads of its next rows in flight while it computes the current ones. Backward, each thread adds its columns of dz (as
-// rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial row; sum_partials adds
-// the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
+// thread has the loads of its next row in flight while it computes the current one. Backward, each thread adds its
+// columns of dz (as rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial
+// row; sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
 #include "cuda/mlp_activation.hpp"
 
 #include "cuda/activation_math.hpp"
@@ -114,7 +114,7 @@ template <class S, int V, int R, bool Backward> struct RowLoads {
 };
 
 // Each thread keeps the next R rows' loads in flight while it computes the current R (a register double buffer):
-// loading, then computing, left the memory idle while a warp computed, and the kernel moved ~2.4 TB/s of ~4.
+// loading, then computing, left the memory idle while a warp computed.
 template <class S, int V, bool Backward, Form Fixed>
 __global__ void __launch_bounds__(threads, min_blocks_per_sm)
     activation_kernel(const MlpActivation act, const Buffers<S> b, std::int64_t rows, std::int64_t F,
