@@ -109,21 +109,22 @@ template <class T> void layernorm_group(const char* dtype) {
   }
 }
 
-// layernorm_mlp's activation kernel on the large blocks' z (8192 rows; GELU: F 16384, SwiGLU: both halves of F 11008),
-// called directly. Forward reads z, writes a; backward reads z and da, writes dz and a (for dW2) and the chunks'
-// partial sums of db1 (a few rows' worth, not counted).
+// layernorm_mlp's activation kernel on the blocks' z (8192 rows; GELU: F 16384, SwiGLU: both halves of F 11008; and
+// gpt_1k's 4096 x 4096, where the kernel is short and db1's partial sums weigh more), called directly. Forward reads
+// z, writes a; backward reads z and da, writes dz and a (for dW2) and the chunks' partial sums of db1 (not counted).
 template <class T> void mlp_activation_group(const char* dtype) {
   using namespace tapegrad;
   using C = compute_t<T>;
   using cuda::MlpActivation, cuda::MlpFunction, cuda::MlpGate;
-  const std::int64_t rows = 8192;
+  const MlpActivation gelu{MlpFunction::gelu_tanh, MlpGate::none}, swiglu{MlpFunction::swish, MlpGate::linear};
   const struct {
     const char* name;
     MlpActivation act;
-    std::int64_t F;
-  } forms[] = {{"mlp_activation gelu", {MlpFunction::gelu_tanh, MlpGate::none}, 16384},
-               {"mlp_activation swiglu", {MlpFunction::swish, MlpGate::linear}, 11008}};
-  for (const auto& [name, act, F] : forms) {
+    std::int64_t rows, F;
+  } forms[] = {{"mlp_activation gelu", gelu, 8192, 16384},
+               {"mlp_activation swiglu", swiglu, 8192, 11008},
+               {"mlp_activation gelu", gelu, 4096, 4096}};
+  for (const auto& [name, act, rows, F] : forms) {
     const std::int64_t width = act.width(), numel = rows * F;
     const double size = static_cast<double>(numel) * sizeof(T);
     const Tensor<T> z = randn<T>({rows, width * F}, 1, 0, 1, gpu), da = randn<T>({rows, F}, 2, 0, 1, gpu);

@@ -426,8 +426,11 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
       }
     }
     const DType grads = args.wide_parameter_grads ? compute_dtype(problem.dtype) : problem.dtype;
-    if (need_dgamma) sum_partials(grads, dgamma_partials, blocks, problem.hidden, args.dgamma, device);
-    if (need_dbeta) sum_partials(grads, dbeta_partials, blocks, problem.hidden, args.dbeta, device);
+    PartialSums sums[max_partial_sums];
+    int count = 0;
+    if (need_dgamma) sums[count++] = {dgamma_partials, args.dgamma};
+    if (need_dbeta) sums[count++] = {dbeta_partials, args.dbeta};
+    sum_partials(grads, std::span(sums, count), blocks, problem.hidden, device);  // dγ and dβ in one launch
   });
 }
 

@@ -4,14 +4,26 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tensor/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 
-// out[j] = Σ_b partials[b·width + j] over b in [0, blocks), summed in a fixed order (eight fixed slices of the
-// blocks, each in block order, then the slices in order) in the compute type of `dtype` (f64 for f64, f32
-// otherwise; `partials` holds that type), rounded once to `dtype`. With no blocks, zeros.
-void sum_partials(DType dtype, const void* partials, std::int64_t blocks, std::int64_t width, void* out, int device);
+// One sum: `partials` holds [blocks, width] in the compute type of the sum's dtype (f64 for f64, f32 otherwise),
+// `out` receives [width] in that dtype.
+struct PartialSums {
+  const void* partials;
+  void* out;
+};
+
+// The most sums one launch takes (a norm's dγ and dβ).
+constexpr int max_partial_sums = 2;
+
+// For each sum: out[j] = Σ_b partials[b·width + j] over b in [0, blocks), summed in a fixed order (eight fixed
+// slices of the blocks, each in block order, then the slices in order) in the compute type, rounded once to
+// `dtype`. With no blocks, zeros. All of `sums` (at most max_partial_sums) run in one launch.
+void sum_partials(DType dtype, std::span<const PartialSums> sums, std::int64_t blocks, std::int64_t width,
+                  int device);
 
 }  // namespace tapegrad::cuda

@@ -236,24 +236,33 @@ template <class Op, int threads> __global__ void reduce_rows_kernel(Op op, Plan 
   }
 }
 
+// acc combined with load(0), ..., load(count - 1) in that order, with eight loads in flight: a thread whose loads
+// each waited for the one before left a column sum's folds latency-bound (db2's second pass took 17 µs on 128
+// partials of 1024 columns).
+template <class Op, class Load>
+__device__ typename Op::Acc fold_in_order(typename Op::Acc acc, std::int64_t count, const Load& load) {
+  constexpr int ahead = 8;
+  std::int64_t k = 0;
+  for (; k + ahead <= count; k += ahead) {
+    typename Op::Acc v[ahead];
+#pragma unroll
+    for (int i = 0; i < ahead; ++i) v[i] = load(k + i);
+#pragma unroll
+    for (int i = 0; i < ahead; ++i) acc = Op::combine(acc, v[i]);
+  }
+  for (; k < count; ++k) acc = Op::combine(acc, load(k));
+  return acc;
+}
+
 template <class Op> __global__ void reduce_columns_kernel(Op op, Plan p, typename Op::Acc* partial) {
   for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < p.outputs * p.chunks;
        t += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t o = t % p.outputs, c = t / p.outputs;
     const std::int64_t base = p.kept.offset(o), begin = c * p.chunk, end = min(p.count, begin + p.chunk);
     typename Op::Acc acc = op.identity();
-    if (p.reduced.rank == 1) {  // one stride: eight loads in flight, combined in order (the same bits as below)
-      constexpr int ahead = 8;
-      const std::int64_t stride = p.reduced.stride[0];
-      std::int64_t j = begin, at = base + begin * stride;
-      for (; j + ahead <= end; j += ahead, at += ahead * stride) {
-        typename Op::Acc v[ahead];
-#pragma unroll
-        for (int k = 0; k < ahead; ++k) v[k] = op.load(at + k * stride);
-#pragma unroll
-        for (int k = 0; k < ahead; ++k) acc = Op::combine(acc, v[k]);
-      }
-      for (; j < end; ++j, at += stride) acc = Op::combine(acc, op.load(at));
+    if (p.reduced.rank == 1) {  // one stride: the same order as the general walk below
+      const std::int64_t stride = p.reduced.stride[0], first = base + begin * stride;
+      acc = fold_in_order<Op>(acc, end - begin, [&](std::int64_t k) { return op.load(first + k * stride); });
     } else if (begin < end) {
       Cursor at(p.reduced, begin);
       for (std::int64_t j = begin; j < end; ++j, at.next()) acc = Op::combine(acc, op.load(base + at.offset()));
@@ -266,8 +275,9 @@ template <class Op> __global__ void reduce_columns_kernel(Op op, Plan p, typenam
 template <class Op> __global__ void finish_kernel(Op op, Plan p, const typename Op::Acc* partial) {
   for (std::int64_t o = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; o < p.outputs;
        o += std::int64_t{gridDim.x} * blockDim.x) {
-    typename Op::Acc acc = partial[o];
-    for (std::int64_t c = 1; c < p.chunks; ++c) acc = Op::combine(acc, partial[c * p.outputs + o]);
+    const typename Op::Acc acc = fold_in_order<Op>(partial[o], p.chunks - 1, [&](std::int64_t c) {
+      return partial[(c + 1) * p.outputs + o];
+    });
     op.finish(o, acc);
   }
 }
