@@ -78,6 +78,18 @@ template <class Fn> void dispatch_float(DType dtype, std::string_view op, Fn&& f
   }
 }
 
+// Calls fn(E{}) with E an unsigned type of `bytes` bytes (2, 4, 8 or 16), for kernels that move bits; throws naming
+// `op` for any other size.
+template <class Fn> void dispatch_size(std::size_t bytes, std::string_view op, Fn&& fn) {
+  switch (bytes) {
+    case 2: return fn(std::uint16_t{});
+    case 4: return fn(std::uint32_t{});
+    case 8: return fn(std::uint64_t{});
+    case 16: return fn(uint4{});
+    default: check(false, op, "no kernel for elements of ", bytes, " bytes");
+  }
+}
+
 // A kernel launch on `device`: that device current for the scope, its current stream, and grid sizes.
 class Launch {
  public:

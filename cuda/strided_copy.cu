@@ -136,17 +136,6 @@ std::int64_t max_offset(const std::vector<CopyAxis>& axes, bool source) {
   return m;
 }
 
-// Calls fn(E{}) with E an unsigned type of `bytes` bytes (2, 4, 8 or 16).
-template <class Fn> void dispatch_size(std::size_t bytes, Fn&& fn) {
-  switch (bytes) {
-    case 2: return fn(std::uint16_t{});
-    case 4: return fn(std::uint32_t{});
-    case 8: return fn(std::uint64_t{});
-    case 16: return fn(uint4{});
-    default: check(false, "strided_copy", "no kernel for elements of ", bytes, " bytes");
-  }
-}
-
 void copy_elementwise(const Launch& launch, std::size_t element, const void* src, void* dst,
                       const std::vector<CopyAxis>& axes) {
   std::int64_t n = 1;
@@ -155,7 +144,7 @@ void copy_elementwise(const Launch& launch, std::size_t element, const void* src
   constexpr std::int64_t narrow = std::numeric_limits<std::int32_t>::max();
   const bool fits_32 = n <= narrow && max_offset(axes, true) <= narrow && max_offset(axes, false) <= narrow;
   const Axes a = to_axes(axes);
-  dispatch_size(element, [&](auto unit) {
+  dispatch_size(element, "strided_copy", [&](auto unit) {
     using E = decltype(unit);
     const int blocks = launch.blocks_for(n, threads);
     if (fits_32) {
@@ -195,7 +184,7 @@ void copy_transposed(const Launch& launch, std::size_t element, const void* src,
               (rows.dim + tile - 1) / tile, (cols.dim + tile - 1) / tile};
   const std::int64_t tiles = batch_count * t.row_tiles * t.col_tiles;
   const int blocks = launch.blocks_for(tiles * tile * tile_rows, tile * tile_rows);
-  dispatch_size(element, [&](auto unit) {
+  dispatch_size(element, "strided_copy", [&](auto unit) {
     using E = decltype(unit);
     transpose_kernel<E><<<blocks, dim3(tile, tile_rows), 0, launch.stream()>>>(static_cast<const E*>(src),
                                                                                static_cast<E*>(dst), t, tiles);

@@ -23,7 +23,7 @@
 #include "cuda/blaslt.hpp"
 #include "cuda/mlp_activation.hpp"
 #include "cuda/reduce.hpp"
-#include "cuda/strided_copy.hpp"
+#include "cuda/row_copy.hpp"
 #include "tensor/factories.hpp"
 
 namespace tapegrad::detail {
@@ -83,32 +83,24 @@ template <class T> MlpDims padded_dims(const MlpDims& d) {
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
 
-// Copies the leading corner that compact arrays of shapes `from` and `to` (same rank) share: min(from, to) along
-// each axis, from src into dst.
-void copy_corner(DType dtype, const void* src, const Shape& from, void* dst, const Shape& to, int device) {
-  std::vector<cuda::CopyAxis> axes(static_cast<std::size_t>(from.rank()));
-  std::int64_t src_stride = 1, dst_stride = 1;
-  for (int a = from.rank() - 1; a >= 0; --a) {
-    axes[static_cast<std::size_t>(a)] = {std::min(from.dim(a), to.dim(a)), src_stride, dst_stride};
-    src_stride *= from.dim(a);
-    dst_stride *= to.dim(a);
-  }
-  cuda::strided_copy(dtype, src, dst, axes, device);
-}
-
-// t in the leading corner of a zero tensor of `shape`; t itself where it has that shape.
-template <class T> Tensor<T> padded(const Tensor<T>& t, const Shape& shape) {
+// t in the leading corner of a tensor of `shape`, zero elsewhere (padding), or the leading corner `shape` of t
+// (cropping), in one pass; t itself where it has that shape. Only the first and last axes may differ: the copy then
+// moves whole rows of the last axis, rows added or dropped at the end.
+template <class T> Tensor<T> resized(const Tensor<T>& t, const Shape& shape) {
   if (t.shape() == shape) return t;
-  Tensor<T> out = zeros<T>(shape, t.device());
-  copy_corner(dtype_v<T>, t.data(), t.shape(), out.data(), shape, t.device().index);
-  return out;
-}
-
-// The leading corner `shape` of t, compact; t itself where it has that shape.
-template <class T> Tensor<T> cropped(const Tensor<T>& t, const Shape& shape) {
-  if (t.shape() == shape) return t;
+  const int rank = shape.rank();
+  bool alike = rank > 0 && t.shape().rank() == rank;
+  for (int a = 1; alike && a + 1 < rank; ++a) alike = t.shape().dim(a) == shape.dim(a);
+  check(alike, "layernorm_mlp", "cannot resize ", t.shape(), " to ", shape,
+        " (only the first and last axes may differ)");
+  const auto rows = [](const Shape& s) {
+    std::int64_t n = 1;
+    for (int a = 0; a + 1 < s.rank(); ++a) n *= s.dim(a);
+    return n;
+  };
   Tensor<T> out(shape, t.device());
-  copy_corner(dtype_v<T>, t.data(), t.shape(), out.data(), shape, t.device().index);
+  cuda::copy_rows(dtype_v<T>, t.data(), rows(t.shape()), t.shape().dim(rank - 1), out.data(), rows(shape),
+                  shape.dim(rank - 1), t.device().index);
   return out;
 }
 
@@ -124,7 +116,7 @@ template <class P, class T> class ParamGrad {
       : shape_(shape), written_(padded_shape, device) {}
   void* data() { return written_.data(); }
   Tensor<P> result() const {
-    const Tensor<Written> out = cropped(written_, shape_);
+    const Tensor<Written> out = resized(written_, shape_);
     if constexpr (std::is_same_v<P, Written>) return out;
     else return cast<P>(out);
   }
@@ -193,7 +185,7 @@ Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M
 
 // h recomputed, padded for the GEMMs.
 template <class T> Tensor<T> padded_norm_output(const DeviceMlp<T>& s) {
-  return padded(norm_output(s, nullptr, nullptr), Shape{s.dims.rows, s.padded.hidden});
+  return resized(norm_output(s, nullptr, nullptr), Shape{s.dims.rows, s.padded.hidden});
 }
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
@@ -248,15 +240,15 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.x = x;
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = padded(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
-  s.w2 = padded(cast<T>(params.w2), Shape{Fp, Hp});
-  if (params.b1) s.b1 = padded(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
-  if (params.b2) s.b2 = padded(cast<T>(*params.b2), Shape{Hp});
+  s.w1 = resized(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
+  s.w2 = resized(cast<T>(params.w2), Shape{Fp, Hp});
+  if (params.b1) s.b1 = resized(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
+  if (params.b2) s.b2 = resized(cast<T>(*params.b2), Shape{Hp});
   s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
   s.rstd = Tensor<C>(Shape{M}, device);
 
   const Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
-  const Tensor<T> hp = padded(h, Shape{M, Hp});
+  const Tensor<T> hp = resized(h, Shape{M, Hp});
   auto [z, a] = first_product(s, hp);
   if (!a.defined()) {
     a = Tensor<T>(Shape{M, Fp}, device);
@@ -266,7 +258,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
   if (options.recompute == Recompute::save_all) s.h = hp;
   if (options.recompute != Recompute::recompute_all) s.z = z;
-  return {cropped(y, Shape{M, H}), h};
+  return {resized(y, Shape{M, H}), h};
 }
 
 template <class T, class P>
@@ -289,7 +281,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
   s.z = Tensor<T>();  // z's memory becomes dz below
-  const Tensor<T> dyp = padded(dy, Shape{M, Hp});
+  const Tensor<T> dyp = resized(dy, Shape{M, Hp});
   if (!need_dz) {  // dW2 alone
     Tensor<T> a(Shape{M, Fp}, device);
     cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), a.data(), M, Fp);
@@ -306,10 +298,10 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   Tensor<T> dh;
   if (!dh_out) dh = Tensor<T>(Shape{M, Hp}, device);
   else if (Hp == H) dh = dh_out->reshape(Shape{M, H}).clone();
-  else dh = padded(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
+  else dh = resized(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
   product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
   dz = Tensor<T>();
-  dh = cropped(dh, Shape{M, H});
+  dh = resized(dh, Shape{M, H});
   // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
   if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
   std::optional<ParamGrad<P, T>> dgamma, dbeta;

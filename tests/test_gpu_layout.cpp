@@ -1,6 +1,6 @@
 // The layout ops, expand_to and dtype casts on a GPU: permute/transpose, reshape, slice and concat forward and
-// backward against the CPU in double; expand_to and the strided copy (integer elements too) against the CPU's
-// bits; casts between the floating dtypes bitwise equal to the CPU's, special values and rounding ties included.
+// backward against the CPU in double; expand_to, the strided copy (integer elements too) and the row copy against
+// the CPU's bits; casts between the floating dtypes bitwise equal to the CPU's, special values and rounding ties included.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/row_copy.hpp"
 #include "cuda/strided_copy.hpp"
 #include "gpu_reference.hpp"
 #include "ops/broadcast.hpp"
@@ -209,6 +210,31 @@ TEST_CASE_TEMPLATE("the strided copy moves integer elements like any others", I,
         rest /= axis.dim;
       }
       want.flat(dst) = x.flat(src);
+    }
+    CHECK(bitwise_equal(out.to(host), want));
+  }
+}
+
+TEST_CASE_TEMPLATE("copy_rows pads with zero bits and crops, rows and columns, in one pass", T, TAPEGRAD_GPU_DTYPES) {
+  struct Case {
+    std::int64_t rows, cols, dst_rows, dst_cols;
+  };
+  // Whole 16-byte packs per destination row or not, growing and shrinking on either axis, one row, empty sides.
+  const Case cases[] = {{33, 70, 40, 72}, {33, 69, 33, 75}, {40, 72, 33, 70}, {33, 70, 35, 64},
+                        {1, 1021, 1, 1024}, {0, 0, 3, 8}, {5, 7, 0, 7}};
+  for (const Case& c : cases) {
+    CAPTURE(c.rows);
+    CAPTURE(c.cols);
+    CAPTURE(c.dst_rows);
+    CAPTURE(c.dst_cols);
+    const Tensor<T> x = randn<T>({c.rows, c.cols}, 11);
+    Tensor<T> out = randn<T>({c.dst_rows, c.dst_cols}, 12, 0, 1, gpu);  // every element must be written
+    cuda::copy_rows(dtype_v<T>, x.to(gpu).data(), c.rows, c.cols, out.data(), c.dst_rows, c.dst_cols, gpu.index);
+    Tensor<T> want({c.dst_rows, c.dst_cols});
+    for (std::int64_t r = 0; r < c.dst_rows; ++r) {
+      for (std::int64_t j = 0; j < c.dst_cols; ++j) {
+        want.flat(r * c.dst_cols + j) = r < c.rows && j < c.cols ? x.flat(r * c.cols + j) : convert<T>(0.0);
+      }
     }
     CHECK(bitwise_equal(out.to(host), want));
   }
