@@ -1,6 +1,7 @@
 // The layout ops, expand_to and dtype casts on a GPU: permute/transpose, reshape, slice and concat forward and
 // backward against the CPU in double; expand_to, the strided copy (integer elements too) and the row copy against
-// the CPU's bits; casts between the floating dtypes bitwise equal to the CPU's, special values and rounding ties included.
+// the CPU's bits; casts between the floating dtypes bitwise equal to the CPU's, special values and rounding ties
+// included.
 #include <doctest/doctest.h>
 
 #include <bit>
