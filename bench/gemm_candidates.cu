@@ -2,7 +2,9 @@
 // in tapegrad's layouts (ops/layernorm_mlp_gpu.cpp) and in PyTorch's (weights [out, in], as peer_bench.py's
 // gemm_floor). For each problem: the heuristic's first choice, then the three fastest candidates with their tile,
 // stages and split-K. Plain cuBLASLt, no tapegrad code: it tells what the library could reach by choosing
-// algorithms (RESULTS (h)).
+// algorithms (RESULTS (h)). dW2 also runs with db2 = Σ_rows dy summed by the GEMM's epilogue (BGRADA on tapegrad's
+// layout, where dy is cuBLASLt's A; BGRADB on PyTorch's), the fusion issue 5 names: its time beside the plain
+// product's says what the fused bias gradient costs (tapegrad sums db2 in a separate two-pass reduction).
 //   gemm_candidates [M H F] (default 8192 4096 16384)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -32,11 +34,13 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned long long seed) {
   }
 }
 
-// A column-major problem D [m, n] = op(A) · op(B), as cuBLASLt sees it.
+// A column-major problem D [m, n] = op(A) · op(B), as cuBLASLt sees it, and its epilogue (a bias gradient: the sums
+// over k of A's rows (BGRADA, m values) or B's columns (BGRADB, n values), written in bf16 to the bias buffer).
 struct Problem {
   const char* name;
   bool transpose_a, transpose_b;
   long long m, n, k;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
 };
 
 int config_value(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
@@ -47,7 +51,7 @@ int config_value(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttri
 }
 
 struct Buffers {
-  __nv_bfloat16 *a, *b, *d;
+  __nv_bfloat16 *a, *b, *d, *bias;
   void* workspace;
   size_t workspace_bytes;
 };
@@ -59,6 +63,12 @@ void time_candidates(cublasLtHandle_t handle, const Problem& p, const Buffers& b
   const cublasOperation_t ta = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_blas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
   check_blas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    check_blas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof p.epilogue),
+               "epilogue");
+    check_blas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &buf.bias, sizeof buf.bias),
+               "bias pointer");
+  }
   cublasLtMatrixLayout_t la, lb, ld;
   const long long a_rows = p.transpose_a ? p.k : p.m, b_rows = p.transpose_b ? p.n : p.k;
   check_blas(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a_rows, p.transpose_a ? p.m : p.k, a_rows), "layout a");
@@ -72,8 +82,9 @@ void time_candidates(cublasLtHandle_t handle, const Problem& p, const Buffers& b
              "workspace");
   cublasLtMatmulHeuristicResult_t found[wanted] = {};  // (std::vector here crashes nvcc 13.0's front end)
   int count = 0;
-  check_blas(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, preference, wanted, found, &count),
-             "heuristic");
+  const cublasStatus_t heuristic =
+      cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, preference, wanted, found, &count);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || count == 0) count = 0;  // an epilogue may have no algorithm here
   const float alpha = 1.0f, beta = 0.0f;
   const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
   cudaEvent_t start, stop;
@@ -100,17 +111,22 @@ void time_candidates(cublasLtHandle_t handle, const Problem& p, const Buffers& b
     check_cuda(cudaEventElapsedTime(&ms, start, stop), "elapsed");
     timed[timed_count++] = {ms / runs, i};
   }
-  check(timed_count > 0, "every candidate");
-  std::printf("%-28s m=%lld n=%lld k=%lld: %d candidates; first %.3f ms (%.0f TFLOP/s)", p.name, p.m, p.n, p.k, count,
-              timed[0].ms, flops / timed[0].ms * 1e-9);
-  std::sort(timed, timed + timed_count, [](const Timed& x, const Timed& y) { return x.ms < y.ms; });
-  for (int j = 0; j < std::min(3, timed_count); ++j) {
-    const cublasLtMatmulAlgo_t& algo = found[timed[j].index].algo;
-    std::printf(" | #%d %.3f ms %.0f TFLOP/s tile %d stages %d split-k %d", timed[j].index, timed[j].ms,
-                flops / timed[j].ms * 1e-9, config_value(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                config_value(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), config_value(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+  if (timed_count == 0) {
+    std::printf("%-28s m=%lld n=%lld k=%lld: no algorithm ran (heuristic status %d)\n", p.name, p.m, p.n, p.k,
+                static_cast<int>(heuristic));
+  } else {
+    std::printf("%-28s m=%lld n=%lld k=%lld: %d candidates; first %.3f ms (%.0f TFLOP/s)", p.name, p.m, p.n, p.k,
+                count, timed[0].ms, flops / timed[0].ms * 1e-9);
+    std::sort(timed, timed + timed_count, [](const Timed& x, const Timed& y) { return x.ms < y.ms; });
+    for (int j = 0; j < std::min(3, timed_count); ++j) {
+      const cublasLtMatmulAlgo_t& algo = found[timed[j].index].algo;
+      std::printf(" | #%d %.3f ms %.0f TFLOP/s tile %d stages %d split-k %d", timed[j].index, timed[j].ms,
+                  flops / timed[j].ms * 1e-9, config_value(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                  config_value(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                  config_value(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+    }
+    std::printf("\n");
   }
-  std::printf("\n");
   check_cuda(cudaEventDestroy(start), "event");
   check_cuda(cudaEventDestroy(stop), "event");
   cublasLtMatmulPreferenceDestroy(preference);
@@ -128,10 +144,11 @@ int main(int argc, char** argv) try {
   cublasLtHandle_t handle;
   check_blas(cublasLtCreate(&handle), "handle");
   const size_t elements = size_t(std::max({M * F, H * F, M * H}));
-  Buffers buf{nullptr, nullptr, nullptr, nullptr, size_t{32} << 20};
+  Buffers buf{nullptr, nullptr, nullptr, nullptr, nullptr, size_t{32} << 20};
   check_cuda(cudaMalloc(&buf.a, elements * 2), "malloc");
   check_cuda(cudaMalloc(&buf.b, elements * 2), "malloc");
   check_cuda(cudaMalloc(&buf.d, elements * 2), "malloc");
+  check_cuda(cudaMalloc(&buf.bias, size_t(std::max(H, F)) * 2), "malloc");
   check_cuda(cudaMalloc(&buf.workspace, buf.workspace_bytes), "malloc");
   fill<<<1024, 256>>>(buf.a, elements, 1);
   fill<<<1024, 256>>>(buf.b, elements, 2);
@@ -141,6 +158,8 @@ int main(int argc, char** argv) try {
       {"z = h W1 (tapegrad)", false, false, F, M, H},     {"z = h w1^T (torch)", true, false, F, M, H},
       {"y = a W2 (tapegrad)", false, false, H, M, F},     {"y = a w2^T (torch)", true, false, H, M, F},
       {"dW2 = a^T dy (tapegrad)", false, true, H, F, M},  {"dw2 = dy^T a (torch)", false, true, F, H, M},
+      {"dW2, db2 (tapegrad, BGRADA)", false, true, H, F, M, CUBLASLT_EPILOGUE_BGRADA},
+      {"dw2, db2 (torch, BGRADB)", false, true, F, H, M, CUBLASLT_EPILOGUE_BGRADB},
       {"da = dy W2^T (tapegrad)", true, false, F, M, H},  {"da = dy w2 (torch)", false, false, F, M, H},
       {"dW1 = h^T dz (tapegrad)", false, true, F, H, M},  {"dw1 = dz^T h (torch)", false, true, H, F, M},
       {"dh = dz W1^T (tapegrad)", true, false, H, M, F},  {"dh = dz w1 (torch)", false, false, H, M, F},
@@ -149,6 +168,7 @@ int main(int argc, char** argv) try {
   check_cuda(cudaFree(buf.a), "free");
   check_cuda(cudaFree(buf.b), "free");
   check_cuda(cudaFree(buf.d), "free");
+  check_cuda(cudaFree(buf.bias), "free");
   check_cuda(cudaFree(buf.workspace), "free");
   check_blas(cublasLtDestroy(handle), "destroy");
 } catch (const std::exception& e) {
