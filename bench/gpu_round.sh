@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One round on a GPU machine in one command (the device machine is lent briefly, and each fresh one starts bare):
+# configure and build once (CUDA, the GPU op tests too), then run the given steps in order. Everything it writes
+# goes to $OUT (default ./gpu_round_out): a log and the result files the steps name below.
+#   bench/gpu_round.sh [step...]
+#     tests                 meson test --suite gpu (four at a time)                        -> tests.txt
+#     exe:<test_exe>        one test executable of build-gpu/tests, alone                  -> tests.txt
+#     bandwidth             tapegrad_bench gpu_bandwidth                                   -> bandwidth.jsonl
+#     node                  tapegrad_bench gpu_layernorm_mlp                               -> ours$RUN.jsonl
+#     peers                 $PEER (../shared/gpu/peer_bench.py copied beside the tree) and
+#                           peer_jax_with_y.py over ITERS steps (default 200), then the table -> peers$RUN.jsonl
+#     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
+#     gemms                 gemm_candidates at gpt_1k and gpt_4k                           -> gemms.txt
+#     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
+# ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=build-gpu
+OUT=${OUT:-gpu_round_out}
+PEER=${PEER:-.peer/peer_bench.py}
+mkdir -p "$OUT"
+log=$OUT/log.txt
+say() { echo "== $(date +%T) $*" | tee -a "$log"; }
+
+if [ ! -f $B/build.ninja ]; then
+  meson setup $B -Dcuda=enabled -Dgpu_tests=enabled >>"$log" 2>&1 || { tail -30 "$log"; exit 1; }
+fi
+say build
+targets=()
+[ -n "${ONLY:-}" ] && mapfile -t targets < <(ninja -C $B -t targets all | cut -d: -f1 | grep -E "$ONLY" | grep -v '\.p/')
+ninja -C $B "${targets[@]}" >>"$log" 2>&1 || { grep -E "error|FAILED" "$log" | head -40; exit 1; }
+say built
+
+for step in "$@"; do
+  say "$step"
+  case $step in
+    tests)
+      meson test -C $B --suite gpu --num-processes 4 --print-errorlogs >>"$OUT/tests.txt" 2>&1
+      grep -E "^Ok:|^Fail:|^Skipped:|FAIL" "$OUT/tests.txt" | tee -a "$log" ;;
+    exe:*)
+      $B/tests/"${step#exe:}" >>"$OUT/tests.txt" 2>&1
+      echo "rc $?" | tee -a "$log" ;;
+    bandwidth) $B/bench/tapegrad_bench gpu_bandwidth >"$OUT/bandwidth.jsonl" 2>>"$log" ;;
+    node) $B/bench/tapegrad_bench gpu_layernorm_mlp >"$OUT/ours${RUN:-}.jsonl" 2>>"$log" ;;
+    peers)
+      peers=$OUT/peers${RUN:-}.jsonl
+      ITERS=${ITERS:-200} python3 "$PEER" >"$peers" 2>>"$log"
+      ITERS=${ITERS:-200} python3 bench/peer_jax_with_y.py "$PEER" >>"$peers" 2>>"$log"
+      python3 bench/layernorm_mlp_peers.py "$OUT/ours${RUN:-}.jsonl" "$peers" | tee -a "$log" ;;
+    ncustep)
+      for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
+        echo "### $shape gelu" >>"$OUT/ncu.csv"
+        ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+          $B/bench/layernorm_mlp_step $shape gelu autotune >>"$OUT/ncu.csv" 2>&1
+      done ;;
+    gemms)
+      for shape in "4096 1024 4096" "8192 4096 16384"; do $B/bench/gemm_candidates $shape >>"$OUT/gemms.txt" 2>&1; done ;;
+    memcheck:* | racecheck:*)
+      tool=${step%%:*} exe=${step#*:}
+      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 $B/tests/"$exe" \
+        >"$OUT/$tool.$exe.txt" 2>&1
+      echo "rc $? $(tail -3 "$OUT/$tool.$exe.txt" | tr '\n' ' ')" | tee -a "$log" ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+say done
