@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One round on a GPU machine in one command (the device machine is lent briefly, and each fresh one starts bare):
 # configure and build once (CUDA, the GPU op tests too), then run the given steps in order. Everything it writes
-# goes to $OUT (default ./gpu_round_out): a log and the result files the steps name below.
+# goes to $OUT (default build-gpu/round, ignored by git): a log and the result files the steps name below.
 #   bench/gpu_round.sh [step...]
 #     tests                 meson test --suite gpu (four at a time)                        -> tests.txt
 #     exe:<test_exe>        one test executable of build-gpu/tests, alone                  -> tests.txt
@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=build-gpu
-OUT=${OUT:-gpu_round_out}
+OUT=${OUT:-$B/round}
 PEER=${PEER:-.peer/peer_bench.py}
 mkdir -p "$OUT"
 log=$OUT/log.txt
