@@ -222,8 +222,8 @@ TEST_CASE_TEMPLATE("copy_rows pads with zero bits and crops, rows and columns, i
   };
   // Whole 16-byte packs per destination row or not, growing and shrinking on either axis, rows longer than a
   // block's 2048 elements, one row, empty sides.
-  const Case cases[] = {{33, 70, 40, 72},   {33, 69, 33, 75},     {40, 72, 33, 70}, {33, 70, 35, 64},
-                        {3, 5000, 2, 4999}, {2, 4000, 3, 4104},   {1, 1021, 1, 1024}, {0, 0, 3, 8},
+  const Case cases[] = {{33, 70, 40, 72},   {33, 69, 33, 75},   {40, 72, 33, 70}, {33, 70, 35, 64},
+                        {3, 5000, 2, 4999}, {2, 4000, 3, 4104}, {1, 1021, 1, 1024}, {0, 0, 3, 8},
                         {5, 7, 0, 7}};
   for (const Case& c : cases) {
     CAPTURE(c.rows);
