@@ -35,7 +35,7 @@ template <class S> struct ForwardParams {
   S* y;
   C* mean;  // each of mean, rstd: null when not wanted
   C* rstd;
-  std::int64_t rows, hidden;
+  std::int64_t rows, hidden, ld;
   C epsilon;
   bool centered;
   C gamma_offset;  // 1 for zero-centered gamma, else 0
@@ -47,35 +47,39 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
   constexpr int V = Config::V;
   const C count = static_cast<C>(p.hidden);
   Config::for_each_row(p.rows, [&](std::int64_t r) {
-    const S* x = p.x + r * p.hidden;
+    const S* x = p.x + r * p.ld;
     C mean = 0;
     if (p.centered) {
       C sum = 0;
-      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Config::for_each_pack(p.ld, [&](std::int64_t q) {
         C v[V];
-        rows::load(x, q, v);
-        for (int k = 0; k < V; ++k) sum += v[k];
+        rows::load_upto(x, q, p.hidden, v);
+        for (int k = 0; k < V; ++k) sum += v[k];  // past the row's end v is 0
       });
       mean = Config::reduce(sum, Sum{}) / count;
     }
     C squares = 0;
-    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+    Config::for_each_pack(p.ld, [&](std::int64_t q) {
       C v[V];
-      rows::load(x, q, v);
-      for (int k = 0; k < V; ++k) squares += (v[k] - mean) * (v[k] - mean);
+      rows::load_upto(x, q, p.hidden, v);
+      for (int k = 0; k < V; ++k) {
+        if (rows::in_row<V>(q, k, p.hidden)) squares += (v[k] - mean) * (v[k] - mean);
+      }
     });
     const C rstd = C(1) / rows::sqrt_of(Config::reduce(squares, Sum{}) / count + p.epsilon);
     if (Config::lane() == 0) {
       if (p.centered && p.mean) p.mean[r] = mean;
       if (p.rstd) p.rstd[r] = rstd;
     }
-    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+    Config::for_each_pack(p.ld, [&](std::int64_t q) {
       C v[V], g[V], b[V] = {};
-      rows::load(x, q, v);
-      rows::load(p.gamma, q, g);
-      if (p.beta) rows::load(p.beta, q, b);
-      for (int k = 0; k < V; ++k) v[k] = (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k];
-      rows::store(p.y + r * p.hidden, q, v);
+      rows::load_upto(x, q, p.hidden, v);
+      rows::load_upto(p.gamma, q, p.hidden, g);
+      if (p.beta) rows::load_upto(p.beta, q, p.hidden, b);
+      for (int k = 0; k < V; ++k) {
+        v[k] = rows::in_row<V>(q, k, p.hidden) ? (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
+      }
+      rows::store(p.y + r * p.ld, q, v);
     });
   });
 }
@@ -90,7 +94,7 @@ template <class S> struct BackwardParams {
   S* dx;               // each of dx and the partials: null when not wanted
   C* dgamma_partials;  // [chunks, hidden]
   C* dbeta_partials;   // [chunks, hidden]
-  std::int64_t rows, hidden, chunk_rows;
+  std::int64_t rows, hidden, ld, chunk_rows;
   bool centered;
   C gamma_offset;  // 1 for zero-centered gamma, else 0
 };
@@ -106,22 +110,22 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
 
   if (p.dx) {  // phase 1: the row groups of the block take the chunk's rows in turn
     for (std::int64_t r = first + threadIdx.x / Config::threads; r < last; r += Config::rows_per_block) {
-      const S* x = p.x + r * p.hidden;
-      const S* dy = p.dy + r * p.hidden;
+      const S* x = p.x + r * p.ld;
+      const S* dy = p.dy + r * p.ld;
       const C mean = mean_of(r), rstd = p.rstd[r];
-      // Pack q of the row: x̂ and dx̂ = dy·g.
+      // Pack q of the row: x̂ and dx̂ = dy·g (0 past the row's end, so the sums below need no mask).
       const auto xhat_dxhat = [&](std::int64_t q, C (&xhat)[V], C (&dxhat)[V]) {
         C g[V];
-        rows::load(x, q, xhat);
-        rows::load(dy, q, dxhat);
-        rows::load(p.gamma, q, g);
+        rows::load_upto(x, q, p.hidden, xhat);
+        rows::load_upto(dy, q, p.hidden, dxhat);
+        rows::load_upto(p.gamma, q, p.hidden, g);
         for (int k = 0; k < V; ++k) {
           xhat[k] = (xhat[k] - mean) * rstd;
           dxhat[k] *= g[k] + p.gamma_offset;
         }
       };
       C sum_dxhat = 0, sum_dxhat_xhat = 0;
-      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Config::for_each_pack(p.ld, [&](std::int64_t q) {
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);
         for (int k = 0; k < V; ++k) {
@@ -132,31 +136,34 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
       const rows::Pair<C> sums = Config::reduce(rows::Pair<C>{sum_dxhat, sum_dxhat_xhat}, Sum{});
       const C mean_dxhat = p.centered ? sums.first / count : C(0);
       const C mean_dxhat_xhat = sums.second / count;
-      Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Config::for_each_pack(p.ld, [&](std::int64_t q) {
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);
-        for (int k = 0; k < V; ++k) dxhat[k] = rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat);
-        rows::store(p.dx + r * p.hidden, q, dxhat);
+        for (int k = 0; k < V; ++k) {
+          dxhat[k] = rows::in_row<V>(q, k, p.hidden) ? rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat)
+                                                      : C(0);
+        }
+        rows::store(p.dx + r * p.ld, q, dxhat);
       });
     }
   }
 
   if (p.dgamma_partials || p.dbeta_partials) {  // phase 2: each thread its columns, over the chunk's rows in order
-    for (std::int64_t q = threadIdx.x; q < p.hidden / V; q += blockDim.x) {
+    for (std::int64_t q = threadIdx.x; q * V < p.hidden; q += blockDim.x) {
       C dgamma[V] = {}, dbeta[V] = {};
       for (std::int64_t r = first; r < last; ++r) {
         C dyv[V];
-        rows::load(p.dy + r * p.hidden, q, dyv);
+        rows::load_upto(p.dy + r * p.ld, q, p.hidden, dyv);  // 0 past the row's end: adds nothing below
         if (p.dgamma_partials) {
           C xv[V];
-          rows::load(p.x + r * p.hidden, q, xv);
+          rows::load_upto(p.x + r * p.ld, q, p.hidden, xv);
           const C mean = mean_of(r), rstd = p.rstd[r];
           for (int k = 0; k < V; ++k) dgamma[k] += dyv[k] * ((xv[k] - mean) * rstd);
         }
         for (int k = 0; k < V; ++k) dbeta[k] += dyv[k];
       }
       const std::int64_t at = blockIdx.x * p.hidden + q * V;
-      for (int k = 0; k < V; ++k) {
+      for (int k = 0; k < V && rows::in_row<V>(q, k, p.hidden); ++k) {
         if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[k];
         if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[k];
       }
@@ -184,14 +191,14 @@ template <class S, int P>
 __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(ForwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>;
-  const std::int64_t packs = p.hidden / V;
+  const std::int64_t packs = p.ld / V;
   const C count = static_cast<C>(p.hidden);
   for (std::int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const S* x = p.x + r * p.hidden;
+    const S* x = p.x + r * p.ld;
     C v[P][V] = {};
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      if (const std::int64_t q = cached_pack(i, packs); q >= 0) rows::load(x, q, v[i]);
+      if (const std::int64_t q = cached_pack(i, packs); q >= 0) rows::load_upto(x, q, p.hidden, v[i]);
     }
     C mean = 0;
     if (p.centered) {
@@ -205,8 +212,11 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
     C squares = 0;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      if (cached_pack(i, packs) < 0) continue;
-      for (int k = 0; k < V; ++k) squares += (v[i][k] - mean) * (v[i][k] - mean);
+      const std::int64_t q = cached_pack(i, packs);
+      if (q < 0) continue;
+      for (int k = 0; k < V; ++k) {
+        if (rows::in_row<V>(q, k, p.hidden)) squares += (v[i][k] - mean) * (v[i][k] - mean);
+      }
     }
     const C rstd = C(1) / rows::sqrt_of(CachedGroup::reduce(squares, Sum{}) / count + p.epsilon);
     if (threadIdx.x == 0) {
@@ -218,10 +228,12 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
       const std::int64_t q = cached_pack(i, packs);
       if (q < 0) continue;
       C g[V], b[V] = {};
-      rows::load(p.gamma, q, g);
-      if (p.beta) rows::load(p.beta, q, b);
-      for (int k = 0; k < V; ++k) v[i][k] = (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k];
-      rows::store(p.y + r * p.hidden, q, v[i]);
+      rows::load_upto(p.gamma, q, p.hidden, g);
+      if (p.beta) rows::load_upto(p.beta, q, p.hidden, b);
+      for (int k = 0; k < V; ++k) {
+        v[i][k] = rows::in_row<V>(q, k, p.hidden) ? (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
+      }
+      rows::store(p.y + r * p.ld, q, v[i]);
     }
   }
 }
@@ -244,7 +256,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
   const auto slot = [&](int stage, int input, int i) -> Raw* {
     return reinterpret_cast<Raw*>(&staging[((stage * 2 + input) * P + i) * cached_threads + threadIdx.x]);
   };
-  const std::int64_t packs = p.hidden / V;
+  const std::int64_t packs = p.ld / V;
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
   const C count = static_cast<C>(p.hidden);
@@ -254,8 +266,8 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
-          copy_16_async(slot(stage, 0, i), p.x + r * p.hidden + q * V);
-          copy_16_async(slot(stage, 1, i), p.dy + r * p.hidden + q * V);
+          copy_16_async(slot(stage, 0, i), p.x + r * p.ld + q * V);
+          copy_16_async(slot(stage, 1, i), p.dy + r * p.ld + q * V);
         }
       }
     }
@@ -267,12 +279,14 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     const int stage = static_cast<int>((r - first) % stages);
     const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
     wait_async_copies<stages - 1>();  // row r's group has landed
-    C xhat[P][V] = {}, dy[P][V] = {};
+    C xhat[P][V] = {}, dy[P][V] = {};  // 0 past the row's end: they add nothing below
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      if (cached_pack(i, packs) < 0) continue;
+      const std::int64_t q = cached_pack(i, packs);
+      if (q < 0) continue;
       const Raw x_pack = *slot(stage, 0, i), dy_pack = *slot(stage, 1, i);
       for (int k = 0; k < V; ++k) {
+        if (!rows::in_row<V>(q, k, p.hidden)) continue;
         xhat[i][k] = (to_compute<C>(x_pack.v[k]) - mean) * rstd;
         dy[i][k] = to_compute<C>(dy_pack.v[k]);
       }
@@ -292,7 +306,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         const std::int64_t q = cached_pack(i, packs);
         if (q < 0) continue;
         C g[V];
-        rows::load(p.gamma, q, g);
+        rows::load_upto(p.gamma, q, p.hidden, g);
         for (int k = 0; k < V; ++k) {
           dy[i][k] *= g[k] + p.gamma_offset;
           sum_dxhat += dy[i][k];
@@ -306,8 +320,11 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
       for (int i = 0; i < P; ++i) {
         const std::int64_t q = cached_pack(i, packs);
         if (q < 0) continue;
-        for (int k = 0; k < V; ++k) dy[i][k] = rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat);
-        rows::store(p.dx + r * p.hidden, q, dy[i]);
+        for (int k = 0; k < V; ++k) {
+          dy[i][k] = rows::in_row<V>(q, k, p.hidden) ? rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat)
+                                                      : C(0);
+        }
+        rows::store(p.dx + r * p.ld, q, dy[i]);
       }
     }
   }
@@ -316,7 +333,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     const std::int64_t q = cached_pack(i, packs);
     if (q < 0) continue;
     const std::int64_t at = blockIdx.x * p.hidden + q * V;
-    for (int k = 0; k < V; ++k) {
+    for (int k = 0; k < V && rows::in_row<V>(q, k, p.hidden); ++k) {
       if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[i][k];
       if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[i][k];
     }
@@ -343,9 +360,17 @@ std::int64_t chunk_rows(std::int64_t rows) {
 }
 std::int64_t chunks(std::int64_t rows) { return (rows + chunk_rows(rows) - 1) / chunk_rows(rows); }
 
+// Elements between rows: ld, or hidden where ld is 0.
+std::int64_t row_stride(const NormProblem& problem, const char* op) {
+  check(problem.ld == 0 || problem.ld >= problem.hidden, op, "rows of ", problem.hidden, " elements cannot lie ",
+        problem.ld, " apart");
+  return problem.ld == 0 ? problem.hidden : problem.ld;
+}
+
 }  // namespace
 
 void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int device) {
+  const std::int64_t ld = row_stride(problem, "norm_forward");
   if (problem.rows == 0 || problem.hidden == 0) return;
   Launch launch(device);
   dispatch_float(problem.dtype, "norm_forward", [&](auto tag) {
@@ -359,17 +384,18 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
                              static_cast<C*>(args.rstd),
                              problem.rows,
                              problem.hidden,
+                             ld,
                              static_cast<C>(args.epsilon),
                              problem.centered,
                              problem.zero_centered_gamma ? C(1) : C(0)};
-    const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.beta, args.y});
-    const bool cached = dispatch_cached<S>(problem.hidden, wide, [&](auto packs_per_thread) {
+    const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.beta, args.y});
+    const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
       norm_forward_cached_kernel<S, packs_per_thread()>
           <<<launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0, launch.stream()>>>(p);
       TAPEGRAD_CUDA_CHECK_LAUNCH();
     });
     if (cached) return;
-    rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+    rows::dispatch_rows<S>(ld, wide, [&](auto config) {
       using Config = decltype(config);
       norm_forward_kernel<S, Config>
           <<<rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, launch.stream()>>>(p);
@@ -383,6 +409,7 @@ std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma
 }
 
 void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device) {
+  const std::int64_t ld = row_stride(problem, "norm_backward");
   const bool need_dgamma = args.dgamma != nullptr, need_dbeta = args.dbeta != nullptr;
   if (problem.hidden == 0 || (!args.dx && !need_dgamma && !need_dbeta)) return;
   Launch launch(device);
@@ -404,11 +431,12 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 dbeta_partials,
                                 problem.rows,
                                 problem.hidden,
+                                ld,
                                 chunk_rows(problem.rows),
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0)};
-      const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.dy, args.dx});
-      const bool cached = dispatch_cached<S>(problem.hidden, wide, [&](auto packs_per_thread) {
+      const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx});
+      const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
         constexpr int P = packs_per_thread();
         const auto kernel = norm_backward_cached_kernel<S, P>;
         // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
@@ -418,7 +446,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
         TAPEGRAD_CUDA_CHECK_LAUNCH();
       });
       if (!cached) {
-        rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+        rows::dispatch_rows<S>(ld, wide, [&](auto config) {
           using Config = decltype(config);
           norm_backward_kernel<S, Config><<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
           TAPEGRAD_CUDA_CHECK_LAUNCH();

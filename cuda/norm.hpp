@@ -4,8 +4,8 @@
 //
 // The maths is the CPU's (ops/norm_rows.hpp), in the compute type C of the dtype (f32 for f32/bf16/f16, f64 for
 // f64): per row mean and rstd in C, y = (x - mean)·rstd·g + beta rounded to the dtype once, g = gamma or 1 + gamma.
-// Every pointer is device memory of `device`, row-major and contiguous; tensors of the dtype unless said otherwise;
-// work is queued on the device's current stream. Results are bitwise the same on every run.
+// Every pointer is device memory of `device`, row-major; tensors of the dtype unless said otherwise; work is queued
+// on the device's current stream. Results are bitwise the same on every run.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,10 @@ namespace tapegrad::cuda {
 struct NormProblem {
   DType dtype = DType::f32;          // of x, gamma, beta, y, dy, dx, dgamma, dbeta
   std::int64_t rows = 0, hidden = 0;  // x is [rows, hidden]; gamma and beta are [hidden]
+  // Elements from one row of x, y, dy and dx to the next (0: hidden; at least hidden). Rows padded to a multiple of
+  // 16 bytes keep the 16-byte loads for any hidden size. The elements of x and dy past `hidden` do not matter; those
+  // of y and dx are written zero (a padded operand, ready for a GEMM).
+  std::int64_t ld = 0;
   bool centered = true;               // layernorm subtracts the row's mean; rmsnorm does not
   bool zero_centered_gamma = false;   // scale by 1 + gamma
 };

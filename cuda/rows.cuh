@@ -116,6 +116,18 @@ template <int V, class S, class C> __device__ __forceinline__ void store(S* row,
   reinterpret_cast<Pack<S, V>*>(row)[p] = pack;
 }
 
+// Whether element k of pack p lies within the first n elements of its row.
+template <int V> __device__ __forceinline__ bool in_row(std::int64_t p, int k, std::int64_t n) { return p * V + k < n; }
+
+// Pack p of a row that has only n elements (the pack may be cut by the row's end, or lie past it): those elements,
+// and zeros past them, which are not read (γ's row may end inside a pack).
+template <int V, class S, class C>
+__device__ __forceinline__ void load_upto(const S* row, std::int64_t p, std::int64_t n, C (&out)[V]) {
+  if ((p + 1) * V <= n) return load(row, p, out);
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = in_row<V>(p, k, n) ? to_compute<C>(row[p * V + k]) : C(0);
+}
+
 // The elements of a 16-byte pack of S.
 template <class S> constexpr int wide_pack = static_cast<int>(16 / sizeof(S));
 

@@ -150,9 +150,9 @@ template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Te
   return out;
 }
 
-// h [M, H] from x and the saved γ, β: bitwise the forward's, whose statistics it leaves as they are.
+// h (padded) from x and the saved γ, β: bitwise the forward's, whose statistics it leaves as they are.
 template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* mean, compute_t<T>* rstd) {
-  Tensor<T> h(Shape{s.dims.rows, s.dims.hidden}, s.x.device());
+  Tensor<T> h(Shape{s.dims.rows, s.padded.hidden}, s.x.device());
   cuda::norm_forward(s.norm,
                      {.x = s.x.data(),
                       .gamma = s.gamma.data(),
@@ -181,11 +181,6 @@ Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M
   ParamGrad<P, T> out(shape, padded_shape, a.device());
   product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
   return out.result();
-}
-
-// h recomputed, padded for the GEMMs.
-template <class T> Tensor<T> padded_norm_output(const DeviceMlp<T>& s) {
-  return resized(norm_output(s, nullptr, nullptr), Shape{s.dims.rows, s.padded.hidden});
 }
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
@@ -235,9 +230,10 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.norm = {.dtype = dtype_v<T>,
             .rows = M,
             .hidden = H,
+            .ld = Hp,
             .centered = options.norm == NormType::layernorm,
             .zero_centered_gamma = options.zero_centered_gamma};
-  s.x = x;
+  s.x = resized(x.reshape(Shape{M, H}), Shape{M, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
   s.w1 = resized(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
@@ -247,8 +243,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
   s.rstd = Tensor<C>(Shape{M}, device);
 
-  const Tensor<T> h = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
-  const Tensor<T> hp = resized(h, Shape{M, Hp});
+  const Tensor<T> hp = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
   auto [z, a] = first_product(s, hp);
   if (!a.defined()) {
     a = Tensor<T>(Shape{M, Fp}, device);
@@ -258,7 +253,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
   if (options.recompute == Recompute::save_all) s.h = hp;
   if (options.recompute != Recompute::recompute_all) s.z = z;
-  return {resized(y, Shape{M, H}), h};
+  return {resized(y, Shape{M, H}), options.return_layernorm_output ? resized(hp, Shape{M, H}) : Tensor<T>()};
 }
 
 template <class T, class P>
@@ -278,7 +273,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
   // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
   // da (each element read, then written, by the same thread), so it adds only da's memory.
-  Tensor<T> h = s.h.defined() ? s.h : padded_norm_output(s);
+  Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
   Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
   s.z = Tensor<T>();  // z's memory becomes dz below
   const Tensor<T> dyp = resized(dy, Shape{M, Hp});
@@ -301,9 +296,9 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   else dh = resized(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
   product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
   dz = Tensor<T>();
-  dh = resized(dh, Shape{M, H});
-  // dx rounds to T once; dγ and dβ are summed in C and rounded once to P.
-  if (need.x) g.dx = Tensor<T>(Shape{M, H}, device);
+  // dx rounds to T once (padded like x, then cropped); dγ and dβ are summed in C and rounded once to P.
+  Tensor<T> dx;
+  if (need.x) dx = Tensor<T>(Shape{M, Hp}, device);
   std::optional<ParamGrad<P, T>> dgamma, dbeta;
   if (need.gamma) dgamma.emplace(Shape{H}, Shape{H}, device);
   if (need.beta) dbeta.emplace(Shape{H}, Shape{H}, device);
@@ -314,12 +309,13 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
                        .dy = dh.data(),
                        .mean = is_layernorm(s) ? s.mean.data() : nullptr,
                        .rstd = s.rstd.data(),
-                       .dx = need.x ? g.dx.data() : nullptr,
+                       .dx = need.x ? dx.data() : nullptr,
                        .dgamma = dgamma ? dgamma->data() : nullptr,
                        .dbeta = dbeta ? dbeta->data() : nullptr,
                        .partials = partials.data(),
                        .wide_parameter_grads = ParamGrad<P, T>::wide},
                       device.index);
+  if (need.x) g.dx = resized(dx, Shape{M, H});
   if (dgamma) g.dgamma = dgamma->result();
   if (dbeta) g.dbeta = dbeta->result();
   return g;

@@ -13,9 +13,10 @@
 // DGELU_BGRAD added the bias gradient in a separate kernel (bench/RESULTS.md (j)).
 //
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
-// must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: its parameters, h, dy and
-// everything between the GEMMs take the padded sizes with zeros in the padding (which keeps the padded z, da, dz zero
-// there and adds nothing to y, dh or the gradients), and y, dh and the gradients are cropped out.
+// must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: x, its parameters, h, dy
+// and everything between the GEMMs take the padded sizes with zeros in the padding (which keeps the padded z, da, dz
+// zero there and adds nothing to y, dh or the gradients), and y, dx and the other gradients are cropped out. The
+// norm reads and writes the padded rows (cuda::NormProblem::ld), so it keeps its 16-byte loads.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +42,7 @@ template <class T> struct DeviceMlp {
   MlpDims dims{};
   MlpDims padded{};  // hidden and ffn rounded up to 16 bytes of T: the sizes of the GEMMs' operands (below)
   cuda::NormProblem norm;
-  Tensor<T> x, gamma, beta;                // x [M, H] (the input's storage); γ and β in T, β undefined if absent
+  Tensor<T> x, gamma, beta;                // x [M, H] padded (else the input's storage); γ, β in T, β maybe undefined
   Tensor<compute_t<T>> mean, rstd;         // per row; mean stays empty for rmsnorm
   Tensor<T> w1, w2, b1, b2;                // in T, padded; a bias is undefined when absent
   Tensor<T> h, z;                          // padded: [M, H] and [M, nF], kept by policy
@@ -58,7 +59,7 @@ template <class P> struct MlpParams {
 };
 
 template <class T> struct DeviceMlpOutput {
-  Tensor<T> y, h;  // [M, H] each
+  Tensor<T> y, h;  // [M, H] each; h only with return_layernorm_output
 };
 
 // Fills s and returns y and h; x is [..., H] on a GPU.

@@ -1,11 +1,14 @@
 // layernorm and rmsnorm on the GPU against the CPU in double (tests/gpu_reference.hpp), forward and every gradient:
 // with and without beta, zero-centered gamma on and off, over hidden sizes that take each kernel path and row
-// counts from none to many; bitwise run-to-run determinism of the gradients; errors on the GPU.
+// counts from none to many; rows padded past hidden (the launchers' ld); bitwise run-to-run determinism of the
+// gradients; errors on the GPU.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "cuda/norm.hpp"
 #include "gpu_reference.hpp"
 #include "norm_cases.hpp"
 
@@ -101,6 +104,99 @@ TEST_CASE_TEMPLATE("norms on the GPU take a rank-3 x of many rows, and compute o
           op, [&](const auto& v) { return apply(kind, v, {}); }, some, tolerance<T>, 60);
     }
   }
+}
+
+namespace {
+
+// t [rows, cols] widened to [rows, ld], the new elements `fill`.
+template <class T> Tensor<T> widened(const Tensor<T>& t, std::int64_t ld, T fill) {
+  const std::int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor<T> out(Shape{rows, ld});
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < ld; ++c) out.flat(r * ld + c) = c < cols ? t.flat(r * cols + c) : fill;
+  }
+  return out;
+}
+
+// The first `cols` of each row of t [rows, ld]; `padding_zeros` counts the other elements that are +0.
+template <class T> Tensor<T> cropped(const Tensor<T>& t, std::int64_t cols, std::int64_t& padding_zeros) {
+  const std::int64_t rows = t.dim(0), ld = t.dim(1);
+  Tensor<T> out(Shape{rows, cols});
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < ld; ++c) {
+      const T v = t.flat(r * ld + c);
+      if (c < cols) out.flat(r * cols + c) = v;
+      else padding_zeros += convert<double>(v) == 0.0 && !std::signbit(convert<double>(v));
+    }
+  }
+  return out;
+}
+
+// The launchers on rows `ld` apart (x and dy padded with NaN, y and dx pre-filled with NaN), against the op on the
+// CPU in double on the unpadded values; the padding of y and dx must come out +0.
+template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int64_t hidden, std::int64_t ld,
+                                          std::uint64_t seed) {
+  CAPTURE(hidden);
+  CAPTURE(ld);
+  const std::string op = name(kind);
+  CAPTURE(op);
+  const std::vector<GpuInput> inputs = norm_inputs(kind, {rows, hidden});
+  std::vector<Tensor<T>> values;
+  for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(test::draw_input<T>(inputs[k], seed + k));
+  const Tensor<T> dy = randn<T>({rows, hidden}, seed + 10);
+  const NormOptions options{.epsilon = 1e-5};
+  const auto want = test::run_op<double, T>([&](const auto& v) { return apply(kind, v, options); }, inputs, values,
+                                            &dy, Device::cpu(), 0);
+
+  using C = compute_t<T>;
+  const T nan = convert<T>(std::nan(""));
+  const int device = test::gpu.index;
+  const cuda::NormProblem problem{.dtype = dtype_v<T>, .rows = rows, .hidden = hidden, .ld = ld,
+                                  .centered = kind != Kind::rmsnorm};
+  const bool has_beta = kind == Kind::layernorm;
+  const Tensor<T> x = widened(values[0], ld, nan).to(test::gpu), gamma = values[1].to(test::gpu);
+  const Tensor<T> beta = has_beta ? values[2].to(test::gpu) : Tensor<T>();
+  Tensor<T> y = full<T>({rows, ld}, std::nan(""), test::gpu), dx = full<T>({rows, ld}, std::nan(""), test::gpu);
+  Tensor<C> mean({rows}, test::gpu), rstd({rows}, test::gpu);
+  cuda::norm_forward(problem,
+                     {.x = x.data(), .gamma = gamma.data(), .beta = has_beta ? beta.data() : nullptr, .y = y.data(),
+                      .mean = mean.data(), .rstd = rstd.data(), .epsilon = options.epsilon},
+                     device);
+  Tensor<T> dgamma({hidden}, test::gpu), dbeta({hidden}, test::gpu);
+  Tensor<C> partials({cuda::norm_backward_partials(problem, true, has_beta)}, test::gpu);
+  cuda::norm_backward(problem,
+                      {.x = x.data(), .gamma = gamma.data(), .dy = widened(dy, ld, nan).to(test::gpu).data(),
+                       .mean = mean.data(), .rstd = rstd.data(), .dx = dx.data(), .dgamma = dgamma.data(),
+                       .dbeta = has_beta ? dbeta.data() : nullptr, .partials = partials.data()},
+                      device);
+  std::int64_t padding_zeros = 0;
+  test::check_close(cropped(y.to(Device::cpu()), hidden, padding_zeros), want.y, tolerance<T>);
+  test::check_close(cropped(dx.to(Device::cpu()), hidden, padding_zeros), want.grads[0], tolerance<T>);
+  CHECK(padding_zeros == 2 * rows * (ld - hidden));
+  test::check_close(dgamma.to(Device::cpu()), want.grads[1], tolerance<T>);
+  if (has_beta) test::check_close(dbeta.to(Device::cpu()), want.grads[2], tolerance<T>);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the GPU norm launchers take rows padded past hidden, and write the padding as zeros", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  constexpr std::int64_t pack = 16 / sizeof(T);
+  std::uint64_t seed = 200;
+  for (Kind kind : all_kinds) {
+    // A warp per row (7, 1021), the block with the row in registers (1539, 4093; f64 4093 pass by pass), the
+    // padding within the last pack or a whole pack more; and rows padded by a non-multiple of the pack (single
+    // elements).
+    for (std::int64_t hidden : {std::int64_t{7}, std::int64_t{1021}, std::int64_t{1539}, std::int64_t{4093}}) {
+      const std::int64_t aligned = (hidden + pack - 1) / pack * pack;
+      for (std::int64_t ld : {aligned, aligned + pack, hidden + 3}) {
+        check_padded_rows<T>(kind, 37, hidden, ld, seed += 20);
+      }
+    }
+  }
+  const cuda::NormProblem short_rows{.dtype = dtype_v<T>, .rows = 2, .hidden = 8, .ld = 7};
+  CHECK_THROWS_WITH_AS(cuda::norm_forward(short_rows, {}, test::gpu.index),
+                       doctest::Contains("norm_forward: rows of 8 elements cannot lie 7 apart"), Error);
 }
 
 TEST_CASE_TEMPLATE("the GPU norm gradients are bitwise the same on every run", T, float, bf16) {
