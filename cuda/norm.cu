@@ -12,6 +12,10 @@
 //   chunk's rows in row order in registers, and writes them to the block's partial row.
 // sum_partials (cuda/partial_sums.hpp) then adds the partial rows in a fixed order. No atomics, nothing shared
 // between blocks: the same inputs give the same bits.
+//
+// Padded rows (NormProblem::ld > hidden) are read and written in whole packs up to ld, the elements past hidden
+// counted as zeros and written as zeros (rows::RowExtent); that is a compile-time variant of each kernel, so rows
+// without padding run the plain loads.
 #include "cuda/norm.hpp"
 
 #include <algorithm>
@@ -41,10 +45,11 @@ template <class S> struct ForwardParams {
   C gamma_offset;  // 1 for zero-centered gamma, else 0
 };
 
-template <class S, class Config>
+template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(ForwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
+  const rows::RowExtent<V, Padded> m{p.hidden};
   const C count = static_cast<C>(p.hidden);
   Config::for_each_row(p.rows, [&](std::int64_t r) {
     const S* x = p.x + r * p.ld;
@@ -53,7 +58,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
       C sum = 0;
       Config::for_each_pack(p.ld, [&](std::int64_t q) {
         C v[V];
-        rows::load_upto(x, q, p.hidden, v);
+        m.load(x, q, v);
         for (int k = 0; k < V; ++k) sum += v[k];  // past the row's end v is 0
       });
       mean = Config::reduce(sum, Sum{}) / count;
@@ -61,9 +66,9 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
     C squares = 0;
     Config::for_each_pack(p.ld, [&](std::int64_t q) {
       C v[V];
-      rows::load_upto(x, q, p.hidden, v);
+      m.load(x, q, v);
       for (int k = 0; k < V; ++k) {
-        if (rows::in_row<V>(q, k, p.hidden)) squares += (v[k] - mean) * (v[k] - mean);
+        if (m.in_row(q, k)) squares += (v[k] - mean) * (v[k] - mean);
       }
     });
     const C rstd = C(1) / rows::sqrt_of(Config::reduce(squares, Sum{}) / count + p.epsilon);
@@ -73,11 +78,11 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
     }
     Config::for_each_pack(p.ld, [&](std::int64_t q) {
       C v[V], g[V], b[V] = {};
-      rows::load_upto(x, q, p.hidden, v);
-      rows::load_upto(p.gamma, q, p.hidden, g);
-      if (p.beta) rows::load_upto(p.beta, q, p.hidden, b);
+      m.load(x, q, v);
+      m.load_vector(p.gamma, q, g);
+      if (p.beta) m.load_vector(p.beta, q, b);
       for (int k = 0; k < V; ++k) {
-        v[k] = rows::in_row<V>(q, k, p.hidden) ? (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
+        v[k] = m.in_row(q, k) ? (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
       }
       rows::store(p.y + r * p.ld, q, v);
     });
@@ -99,10 +104,11 @@ template <class S> struct BackwardParams {
   C gamma_offset;  // 1 for zero-centered gamma, else 0
 };
 
-template <class S, class Config>
+template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = Config::V;
+  const rows::RowExtent<V, Padded> m{p.hidden};
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
   const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
   const C count = static_cast<C>(p.hidden);
@@ -116,9 +122,9 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
       // Pack q of the row: x̂ and dx̂ = dy·g (0 past the row's end, so the sums below need no mask).
       const auto xhat_dxhat = [&](std::int64_t q, C (&xhat)[V], C (&dxhat)[V]) {
         C g[V];
-        rows::load_upto(x, q, p.hidden, xhat);
-        rows::load_upto(dy, q, p.hidden, dxhat);
-        rows::load_upto(p.gamma, q, p.hidden, g);
+        m.load(x, q, xhat);
+        m.load(dy, q, dxhat);
+        m.load_vector(p.gamma, q, g);
         for (int k = 0; k < V; ++k) {
           xhat[k] = (xhat[k] - mean) * rstd;
           dxhat[k] *= g[k] + p.gamma_offset;
@@ -140,8 +146,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);
         for (int k = 0; k < V; ++k) {
-          dxhat[k] = rows::in_row<V>(q, k, p.hidden) ? rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat)
-                                                      : C(0);
+          dxhat[k] = m.in_row(q, k) ? rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat) : C(0);
         }
         rows::store(p.dx + r * p.ld, q, dxhat);
       });
@@ -149,21 +154,22 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
   }
 
   if (p.dgamma_partials || p.dbeta_partials) {  // phase 2: each thread its columns, over the chunk's rows in order
-    for (std::int64_t q = threadIdx.x; q * V < p.hidden; q += blockDim.x) {
+    const std::int64_t column_packs = Padded ? (p.hidden + V - 1) / V : p.hidden / V;
+    for (std::int64_t q = threadIdx.x; q < column_packs; q += blockDim.x) {
       C dgamma[V] = {}, dbeta[V] = {};
       for (std::int64_t r = first; r < last; ++r) {
         C dyv[V];
-        rows::load_upto(p.dy + r * p.ld, q, p.hidden, dyv);  // 0 past the row's end: adds nothing below
+        m.load(p.dy + r * p.ld, q, dyv);  // 0 past the row's end: adds nothing below
         if (p.dgamma_partials) {
           C xv[V];
-          rows::load_upto(p.x + r * p.ld, q, p.hidden, xv);
+          m.load(p.x + r * p.ld, q, xv);
           const C mean = mean_of(r), rstd = p.rstd[r];
           for (int k = 0; k < V; ++k) dgamma[k] += dyv[k] * ((xv[k] - mean) * rstd);
         }
         for (int k = 0; k < V; ++k) dbeta[k] += dyv[k];
       }
       const std::int64_t at = blockIdx.x * p.hidden + q * V;
-      for (int k = 0; k < V && rows::in_row<V>(q, k, p.hidden); ++k) {
+      for (int k = 0; k < V && m.in_row(q, k); ++k) {
         if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[k];
         if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[k];
       }
@@ -187,10 +193,11 @@ __device__ __forceinline__ std::int64_t cached_pack(int i, std::int64_t packs) {
   return q < packs ? q : -1;
 }
 
-template <class S, int P>
+template <class S, int P, bool Padded>
 __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(ForwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>;
+  const rows::RowExtent<V, Padded> m{p.hidden};
   const std::int64_t packs = p.ld / V;
   const C count = static_cast<C>(p.hidden);
   for (std::int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -198,7 +205,7 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
     C v[P][V] = {};
 #pragma unroll
     for (int i = 0; i < P; ++i) {
-      if (const std::int64_t q = cached_pack(i, packs); q >= 0) rows::load_upto(x, q, p.hidden, v[i]);
+      if (const std::int64_t q = cached_pack(i, packs); q >= 0) m.load(x, q, v[i]);
     }
     C mean = 0;
     if (p.centered) {
@@ -215,7 +222,7 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
       const std::int64_t q = cached_pack(i, packs);
       if (q < 0) continue;
       for (int k = 0; k < V; ++k) {
-        if (rows::in_row<V>(q, k, p.hidden)) squares += (v[i][k] - mean) * (v[i][k] - mean);
+        if (m.in_row(q, k)) squares += (v[i][k] - mean) * (v[i][k] - mean);
       }
     }
     const C rstd = C(1) / rows::sqrt_of(CachedGroup::reduce(squares, Sum{}) / count + p.epsilon);
@@ -228,10 +235,10 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
       const std::int64_t q = cached_pack(i, packs);
       if (q < 0) continue;
       C g[V], b[V] = {};
-      rows::load_upto(p.gamma, q, p.hidden, g);
-      if (p.beta) rows::load_upto(p.beta, q, p.hidden, b);
+      m.load_vector(p.gamma, q, g);
+      if (p.beta) m.load_vector(p.beta, q, b);
       for (int k = 0; k < V; ++k) {
-        v[i][k] = rows::in_row<V>(q, k, p.hidden) ? (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
+        v[i][k] = m.in_row(q, k) ? (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
       }
       rows::store(p.y + r * p.ld, q, v[i]);
     }
@@ -246,11 +253,12 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
 template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
 template <int P> constexpr std::size_t staging_bytes = std::size_t{staged_rows<P>} * 2 * P * cached_threads * 16;
 
-template <class S, int P>
+template <class S, int P, bool Padded>
 __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ? 2 : 1)
     norm_backward_cached_kernel(BackwardParams<S> p) {
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
+  const rows::RowExtent<V, Padded> m{p.hidden};
   using Raw = Pack<S, V>;
   extern __shared__ uint4 staging[];  // [stage][x, dy][pack i][thread], 16 bytes each
   const auto slot = [&](int stage, int input, int i) -> Raw* {
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
       if (q < 0) continue;
       const Raw x_pack = *slot(stage, 0, i), dy_pack = *slot(stage, 1, i);
       for (int k = 0; k < V; ++k) {
-        if (!rows::in_row<V>(q, k, p.hidden)) continue;
+        if (!m.in_row(q, k)) continue;
         xhat[i][k] = (to_compute<C>(x_pack.v[k]) - mean) * rstd;
         dy[i][k] = to_compute<C>(dy_pack.v[k]);
       }
@@ -306,7 +314,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         const std::int64_t q = cached_pack(i, packs);
         if (q < 0) continue;
         C g[V];
-        rows::load_upto(p.gamma, q, p.hidden, g);
+        m.load_vector(p.gamma, q, g);
         for (int k = 0; k < V; ++k) {
           dy[i][k] *= g[k] + p.gamma_offset;
           sum_dxhat += dy[i][k];
@@ -321,8 +329,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         const std::int64_t q = cached_pack(i, packs);
         if (q < 0) continue;
         for (int k = 0; k < V; ++k) {
-          dy[i][k] = rows::in_row<V>(q, k, p.hidden) ? rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat)
-                                                      : C(0);
+          dy[i][k] = m.in_row(q, k) ? rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat) : C(0);
         }
         rows::store(p.dx + r * p.ld, q, dy[i]);
       }
@@ -333,7 +340,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     const std::int64_t q = cached_pack(i, packs);
     if (q < 0) continue;
     const std::int64_t at = blockIdx.x * p.hidden + q * V;
-    for (int k = 0; k < V && rows::in_row<V>(q, k, p.hidden); ++k) {
+    for (int k = 0; k < V && m.in_row(q, k); ++k) {
       if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[i][k];
       if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[i][k];
     }
@@ -389,17 +396,20 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
                              problem.centered,
                              problem.zero_centered_gamma ? C(1) : C(0)};
     const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.beta, args.y});
-    const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
-      norm_forward_cached_kernel<S, packs_per_thread()>
-          <<<launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0, launch.stream()>>>(p);
-      TAPEGRAD_CUDA_CHECK_LAUNCH();
-    });
-    if (cached) return;
-    rows::dispatch_rows<S>(ld, wide, [&](auto config) {
-      using Config = decltype(config);
-      norm_forward_kernel<S, Config>
-          <<<rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, launch.stream()>>>(p);
-      TAPEGRAD_CUDA_CHECK_LAUNCH();
+    rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
+      const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
+        norm_forward_cached_kernel<S, packs_per_thread(), padded()>
+            <<<launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0,
+               launch.stream()>>>(p);
+        TAPEGRAD_CUDA_CHECK_LAUNCH();
+      });
+      if (cached) return;
+      rows::dispatch_rows<S>(ld, wide, [&](auto config) {
+        using Config = decltype(config);
+        norm_forward_kernel<S, Config, padded()>
+            <<<rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, launch.stream()>>>(p);
+        TAPEGRAD_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
@@ -436,22 +446,24 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0)};
       const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx});
-      const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
-        constexpr int P = packs_per_thread();
-        const auto kernel = norm_backward_cached_kernel<S, P>;
-        // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
-        TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(staging_bytes<P>)));
-        kernel<<<static_cast<int>(blocks), cached_threads, staging_bytes<P>, launch.stream()>>>(p);
-        TAPEGRAD_CUDA_CHECK_LAUNCH();
-      });
-      if (!cached) {
-        rows::dispatch_rows<S>(ld, wide, [&](auto config) {
-          using Config = decltype(config);
-          norm_backward_kernel<S, Config><<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
+      rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
+        const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
+          constexpr int P = packs_per_thread();
+          const auto kernel = norm_backward_cached_kernel<S, P, padded()>;
+          // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
+          TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(staging_bytes<P>)));
+          kernel<<<static_cast<int>(blocks), cached_threads, staging_bytes<P>, launch.stream()>>>(p);
           TAPEGRAD_CUDA_CHECK_LAUNCH();
         });
-      }
+        if (cached) return;
+        rows::dispatch_rows<S>(ld, wide, [&](auto config) {
+          using Config = decltype(config);
+          norm_backward_kernel<S, Config, padded()>
+              <<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
+          TAPEGRAD_CUDA_CHECK_LAUNCH();
+        });
+      });
     }
     const DType grads = args.wide_parameter_grads ? compute_dtype(problem.dtype) : problem.dtype;
     PartialSums sums[max_partial_sums];

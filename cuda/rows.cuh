@@ -6,7 +6,8 @@
 // the same bits on every run, and every thread of the group receives the same bits.
 //
 // Packs: 16 bytes at a time (4 f32, 2 f64, 8 bf16/f16) where every row start is 16-byte aligned, i.e. where all
-// pointers are aligned and n is a multiple of the pack; one element at a time otherwise. Thread `lane` of a group
+// pointers are aligned and n (or the distance between rows, where rows are padded) is a multiple of the pack; one
+// element at a time otherwise. Thread `lane` of a group
 // handles packs lane, lane + threads, ... of its row.
 #pragma once
 
@@ -116,16 +117,41 @@ template <int V, class S, class C> __device__ __forceinline__ void store(S* row,
   reinterpret_cast<Pack<S, V>*>(row)[p] = pack;
 }
 
-// Whether element k of pack p lies within the first n elements of its row.
-template <int V> __device__ __forceinline__ bool in_row(std::int64_t p, int k, std::int64_t n) { return p * V + k < n; }
+// Rows of `hidden` elements stored `ld` apart, read and written in packs up to ld. Padded: ld > hidden, and the
+// elements past hidden (whatever they hold) must count as zeros; otherwise every check below folds away at compile
+// time and the loads are the plain ones.
+template <int V, bool Padded> struct RowExtent {
+  std::int64_t hidden;
 
-// Pack p of a row that has only n elements (the pack may be cut by the row's end, or lie past it): those elements,
-// and zeros past them, which are not read (γ's row may end inside a pack).
-template <int V, class S, class C>
-__device__ __forceinline__ void load_upto(const S* row, std::int64_t p, std::int64_t n, C (&out)[V]) {
-  if ((p + 1) * V <= n) return load(row, p, out);
+  // Whether element k of pack q is one of the row's.
+  __device__ __forceinline__ bool in_row(std::int64_t q, int k) const { return !Padded || q * V + k < hidden; }
+  // Pack q of a stored row (every pack up to ld can be read), its elements past hidden as 0.
+  template <class S, class C> __device__ __forceinline__ void load(const S* row, std::int64_t q, C (&out)[V]) const {
+    rows::load(row, q, out);
 #pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = in_row<V>(p, k, n) ? to_compute<C>(row[p * V + k]) : C(0);
+    for (int k = 0; k < V; ++k) {
+      if (!in_row(q, k)) out[k] = C(0);
+    }
+  }
+  // Pack q of a vector of exactly `hidden` elements (γ, β), which may end inside the pack or before it: zeros past
+  // the end, where nothing is read.
+  template <class S, class C>
+  __device__ __forceinline__ void load_vector(const S* vector, std::int64_t q, C (&out)[V]) const {
+    if constexpr (Padded) {
+      if ((q + 1) * V > hidden) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) out[k] = in_row(q, k) ? to_compute<C>(vector[q * V + k]) : C(0);
+        return;
+      }
+    }
+    rows::load(vector, q, out);
+  }
+};
+
+// Calls fn(std::bool_constant<padded>{}).
+template <class Fn> void dispatch_padded(bool padded, Fn&& fn) {
+  if (padded) fn(std::true_type{});
+  else fn(std::false_type{});
 }
 
 // The elements of a 16-byte pack of S.
