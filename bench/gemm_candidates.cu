@@ -4,7 +4,10 @@
 // stages and split-K. Plain cuBLASLt, no tapegrad code: it tells what the library could reach by choosing
 // algorithms (RESULTS (h)). dW2 also runs with db2 = Σ_rows dy summed by the GEMM's epilogue (BGRADA on tapegrad's
 // layout, where dy is cuBLASLt's A; BGRADB on PyTorch's), the fusion issue 5 names: its time beside the plain
-// product's says what the fused bias gradient costs (tapegrad sums db2 in a separate two-pass reduction).
+// product's says what the fused bias gradient costs (tapegrad sums db2 in a separate two-pass reduction). Where H or
+// F is no multiple of 8, tapegrad pads every operand and crops y, dW2 and dW1 afterwards with a copy each: those
+// three also run padded, and writing only the unpadded part straight into the cropped output (whose rows are then
+// not 16-byte aligned), which says whether cuBLASLt keeps its fast kernels for such an output.
 //   gemm_candidates [M H F] (default 8192 4096 16384)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -35,12 +38,14 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned long long seed) {
 }
 
 // A column-major problem D [m, n] = op(A) · op(B), as cuBLASLt sees it, and its epilogue (a bias gradient: the sums
-// over k of A's rows (BGRADA, m values) or B's columns (BGRADB, n values), written in bf16 to the bias buffer).
+// over k of A's rows (BGRADA, m values) or B's columns (BGRADB, n values), written in bf16 to the bias buffer), and
+// the leading dimensions (0: the stored rows).
 struct Problem {
   const char* name;
   bool transpose_a, transpose_b;
   long long m, n, k;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  long long lda = 0, ldb = 0, ldd = 0;
 };
 
 int config_value(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
@@ -71,9 +76,12 @@ void time_candidates(cublasLtHandle_t handle, const Problem& p, const Buffers& b
   }
   cublasLtMatrixLayout_t la, lb, ld;
   const long long a_rows = p.transpose_a ? p.k : p.m, b_rows = p.transpose_b ? p.n : p.k;
-  check_blas(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a_rows, p.transpose_a ? p.m : p.k, a_rows), "layout a");
-  check_blas(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, b_rows, p.transpose_b ? p.k : p.n, b_rows), "layout b");
-  check_blas(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, p.m, p.n, p.m), "layout d");
+  const auto or_rows = [](long long ld, long long rows) { return ld != 0 ? ld : rows; };
+  check_blas(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, a_rows, p.transpose_a ? p.m : p.k, or_rows(p.lda, a_rows)),
+             "layout a");
+  check_blas(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, b_rows, p.transpose_b ? p.k : p.n, or_rows(p.ldb, b_rows)),
+             "layout b");
+  check_blas(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, p.m, p.n, or_rows(p.ldd, p.m)), "layout d");
   cublasLtMatmulPreference_t preference;
   check_blas(cublasLtMatmulPreferenceCreate(&preference), "preference");
   const uint64_t workspace = buf.workspace_bytes;
@@ -143,7 +151,9 @@ int main(int argc, char** argv) try {
                   F = argc > 3 ? std::atoll(argv[3]) : 16384;
   cublasLtHandle_t handle;
   check_blas(cublasLtCreate(&handle), "handle");
-  const size_t elements = size_t(std::max({M * F, H * F, M * H}));
+  const auto padded = [](long long n) { return (n + 7) / 8 * 8; };
+  const long long Hp = padded(H), Fp = padded(F);
+  const size_t elements = size_t(std::max({M * Fp, Hp * Fp, M * Hp}));
   Buffers buf{nullptr, nullptr, nullptr, nullptr, nullptr, size_t{32} << 20};
   check_cuda(cudaMalloc(&buf.a, elements * 2), "malloc");
   check_cuda(cudaMalloc(&buf.b, elements * 2), "malloc");
@@ -165,6 +175,18 @@ int main(int argc, char** argv) try {
       {"dh = dz W1^T (tapegrad)", true, false, H, M, F},  {"dh = dz w1 (torch)", false, false, H, M, F},
   };
   for (const Problem& p : problems) time_candidates(handle, p, buf);
+  constexpr cublasLtEpilogue_t plain = CUBLASLT_EPILOGUE_DEFAULT;
+  const Problem padded_problems[] = {
+      {"y, padded", false, false, Hp, M, Fp},
+      {"y, cropped output", false, false, H, M, Fp, plain, Hp, Fp, H},
+      {"dW2, padded", false, true, Hp, Fp, M},
+      {"dW2, cropped output", false, true, H, F, M, plain, Hp, Fp, H},
+      {"dW1, padded", false, true, Fp, Hp, M},
+      {"dW1, cropped output", false, true, F, H, M, plain, Fp, Hp, F},
+  };
+  if (Hp != H || Fp != F) {
+    for (const Problem& p : padded_problems) time_candidates(handle, p, buf);
+  }
   check_cuda(cudaFree(buf.a), "free");
   check_cuda(cudaFree(buf.b), "free");
   check_cuda(cudaFree(buf.d), "free");

@@ -10,7 +10,7 @@
 #     peers                 $PEER (../shared/gpu/peer_bench.py copied beside the tree) and
 #                           peer_jax_with_y.py over ITERS steps (default 200), then the table -> peers$RUN.jsonl
 #     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
-#     gemms                 gemm_candidates at gpt_1k and gpt_4k                           -> gemms.txt
+#     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
 set -uo pipefail
@@ -54,7 +54,9 @@ for step in "$@"; do
           $B/bench/layernorm_mlp_step $shape gelu autotune >>"$OUT/ncu.csv" 2>&1
       done ;;
     gemms)
-      for shape in "4096 1024 4096" "8192 4096 16384"; do $B/bench/gemm_candidates $shape >>"$OUT/gemms.txt" 2>&1; done ;;
+      for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
+        $B/bench/gemm_candidates $shape >>"$OUT/gemms.txt" 2>&1
+      done ;;
     memcheck:* | racecheck:*)
       tool=${step%%:*} exe=${step#*:}
       compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 $B/tests/"$exe" \
