@@ -7,8 +7,7 @@
 //
 // Packs: 16 bytes at a time (4 f32, 2 f64, 8 bf16/f16) where every row start is 16-byte aligned, i.e. where all
 // pointers are aligned and n (or the distance between rows, where rows are padded) is a multiple of the pack; one
-// element at a time otherwise. Thread `lane` of a group
-// handles packs lane, lane + threads, ... of its row.
+// element at a time otherwise. Thread `lane` of a group handles packs lane, lane + threads, ... of its row.
 #pragma once
 
 #include <cstdint>
