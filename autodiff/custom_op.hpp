@@ -82,7 +82,7 @@ template <class R> Tensor<R> output_grad(const std::weak_ptr<VarSlot>& output, c
 template <class T>
 void accumulate_input(const Node& node, std::size_t i, const Tensor<T>& g, bool needed) {
   if (!needed || !g.defined()) return;
-  static_cast<VarImpl<T>&>(*node.inputs[i]).accumulate(g, node.name() + " (input " + std::to_string(i) + ")");
+  static_cast<VarImpl<T>&>(*node.inputs[i]).accumulate(g, node.name(), static_cast<std::ptrdiff_t>(i));
 }
 
 template <class Saved, class Backward, class Outputs, class... Ts> class CustomNode;

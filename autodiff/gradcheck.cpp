@@ -69,7 +69,7 @@ struct Checker {
   void full() {
     Tape tape;
     auto [in, y] = record(tape);
-    check(y.requires_grad(), "gradcheck", "the output of shape ", y.shape().str(), " does not depend on any input");
+    check(y.requires_grad(), "gradcheck", "the output of shape ", y.shape(), " does not depend on any input");
     const std::int64_t m = y.numel();
     // analytic[k] is the [m, numel(x_k)] Jacobian block, row j from a backward seeded with e_j.
     std::vector<std::vector<double>> analytic(x.size());
@@ -99,7 +99,7 @@ struct Checker {
   void fast() {
     Tape tape;
     auto [in, y] = record(tape);
-    check(y.requires_grad(), "gradcheck", "the output of shape ", y.shape().str(), " does not depend on any input");
+    check(y.requires_grad(), "gradcheck", "the output of shape ", y.shape(), " does not depend on any input");
     for (int p = 0; p < options.projections; ++p) {
       const std::uint64_t seed = options.seed * 1000003u + static_cast<std::uint64_t>(p) * 7919u;
       const Tensor<double> v = randn<double>(y.shape(), seed);

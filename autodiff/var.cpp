@@ -27,13 +27,14 @@ template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g)
   sum = total;
 }
 
-template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, const std::string& who) {
+template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, std::string_view who, std::ptrdiff_t input) {
+  const auto node = [&] { return input < 0 ? std::string(who) : detail::concat(who, " (input ", input, ")"); };
   if (!(g.shape() == value.shape())) {
-    throw AutodiffError(who + ": backward returned a gradient of shape " + g.shape().str() + " for a " +
+    throw AutodiffError(node() + ": backward returned a gradient of shape " + g.shape().str() + " for a " +
                         std::string(dtype_name(dtype_v<T>)) + " input of shape " + value.shape().str());
   }
   if (!(g.device() == value.device())) {
-    throw AutodiffError(who + ": backward returned a gradient on " + g.device().str() + " for an input on " +
+    throw AutodiffError(node() + ": backward returned a gradient on " + g.device().str() + " for an input on " +
                         value.device().str());
   }
   add_into(is_leaf() ? grad : pending, g);

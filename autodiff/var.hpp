@@ -2,7 +2,9 @@
 // node that created it (none for a leaf). Copies of a Var are handles to the same variable.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -22,8 +24,9 @@ template <class T> class VarImpl final : public VarSlot {
   void keep_pending() override { add_into(grad, pending); }
 
   // Adds `g` into the gradient flowing into this variable (the `.grad` of a leaf). `who` names the node that
-  // produced it, for the error when the shape is wrong.
-  void accumulate(const Tensor<T>& g, const std::string& who);
+  // produced it (and `input`, where not negative, which of its inputs this is), for the error when the shape or
+  // device is wrong; the name is only formatted then.
+  void accumulate(const Tensor<T>& g, std::string_view who, std::ptrdiff_t input = -1);
 
   Tensor<T> value;
   Tensor<T> grad;     // what the user reads: accumulated over backward passes for leaves and retained variables

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -53,18 +54,25 @@ DType output_dtype(const GemmArgs& g) {
   return g.wide_output ? compute_dtype(g.dtype) : g.dtype;
 }
 
-std::string describe(const GemmArgs& g) {
+// The problem in words, formatted only where it is printed: check() and TAPEGRAD_CUBLAS_CHECK print it on failure
+// alone (formatted on every call, it cost a small layernorm_mlp step about a fifth of its host time).
+struct Described {
+  const GemmArgs& g;
+};
+Described describe(const GemmArgs& g) { return {g}; }
+
+std::ostream& operator<<(std::ostream& out, const Described& d) {
+  const GemmArgs& g = d.g;
   const Extent a = stored_a(g), b = stored_b(g);
-  return detail::concat(dtype_name(g.dtype), output_dtype(g) != g.dtype ? " (f32 output)" : "", " gemm of op(A) [",
-                        g.M, ", ", g.K, "] and op(B) [", g.K, ", ", g.N, "], batch ", g.batch, ": A stored [", a.rows,
-                        ", ", a.cols, "]",
-                        g.a.transpose ? " (transposed)" : "", " with lda ", g.a.ld, " and batch stride ",
-                        g.a.batch_stride, ", B stored [", b.rows, ", ", b.cols, "]",
-                        g.b.transpose ? " (transposed)" : "", " with ldb ", g.b.ld, " and batch stride ",
-                        g.b.batch_stride, ", C [", g.M, ", ", g.N, "] with ldc ", g.c.ld, " and batch stride ",
-                        g.c.batch_stride, g.bias ? ", plus a bias" : "", g.gelu_input ? ", then GELU" : "",
-                        g.dgelu_input ? ", times GELU's derivative" : "",
-                        g.bias_gradient ? " (and its column sums)" : "");
+  return out << dtype_name(g.dtype) << (output_dtype(g) != g.dtype ? " (f32 output)" : "") << " gemm of op(A) ["
+             << g.M << ", " << g.K << "] and op(B) [" << g.K << ", " << g.N << "], batch " << g.batch
+             << ": A stored [" << a.rows << ", " << a.cols << "]" << (g.a.transpose ? " (transposed)" : "")
+             << " with lda " << g.a.ld << " and batch stride " << g.a.batch_stride << ", B stored [" << b.rows
+             << ", " << b.cols << "]" << (g.b.transpose ? " (transposed)" : "") << " with ldb " << g.b.ld
+             << " and batch stride " << g.b.batch_stride << ", C [" << g.M << ", " << g.N << "] with ldc "
+             << g.c.ld << " and batch stride " << g.c.batch_stride << (g.bias ? ", plus a bias" : "")
+             << (g.gelu_input ? ", then GELU" : "") << (g.dgelu_input ? ", times GELU's derivative" : "")
+             << (g.bias_gradient ? " (and its column sums)" : "");
 }
 
 cudaDataType_t data_type(DType dtype) {

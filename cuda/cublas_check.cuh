@@ -1,20 +1,19 @@
 // Every cuBLASLt call goes through TAPEGRAD_CUBLAS_CHECK(call, context): a status other than success throws
 // tapegrad::Error naming the call, the file and line, cuBLAS's name and description of the status, and `context`
-// (an expression giving a std::string, e.g. the problem's shapes), which is evaluated only on failure.
+// (an expression giving anything printable, e.g. the problem's shapes), which is evaluated only on failure.
 #pragma once
 
 #include <cublasLt.h>
-
-#include <string>
 
 #include "tensor/error.hpp"
 
 namespace tapegrad::cuda {
 
-[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call, const std::string& context,
-                                            const char* file, int line) {
-  throw Error(std::string("cuBLASLt error at ") + file + ":" + std::to_string(line) + ": " + call + " failed: " +
-              cublasLtGetStatusName(status) + " (" + cublasLtGetStatusString(status) + ") for " + context);
+template <class Context>
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const Context& context, const char* file,
+                                     int line) {
+  throw Error(detail::concat("cuBLASLt error at ", file, ":", line, ": ", call, " failed: ",
+                             cublasLtGetStatusName(status), " (", cublasLtGetStatusString(status), ") for ", context));
 }
 
 }  // namespace tapegrad::cuda

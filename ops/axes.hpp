@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -11,14 +11,16 @@
 
 namespace tapegrad {
 
-// "[2, -1]"
-template <class I> std::string list_str(const std::vector<I>& values) {
-  std::ostringstream out;
+// A list printed as "[2, -1]": formatted only when printed, so that check() formats it only on failure.
+template <class I> struct Listed {
+  const std::vector<I>& values;
+};
+template <class I> std::ostream& operator<<(std::ostream& out, const Listed<I>& list) {
   out << "[";
-  for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-  out << "]";
-  return out.str();
+  for (std::size_t i = 0; i < list.values.size(); ++i) out << (i ? ", " : "") << list.values[i];
+  return out << "]";
 }
+template <class I> std::string list_str(const std::vector<I>& values) { return detail::concat(Listed<I>{values}); }
 
 // `axes` as axes of `shape` in [0, rank), in the order given (negative ones count from the back); throws naming
 // `op` when one is out of range or two name the same axis.
@@ -27,7 +29,7 @@ inline std::vector<int> normalize_axes(const Shape& shape, const std::vector<int
   std::vector<bool> seen(static_cast<std::size_t>(shape.rank()), false);
   for (int axis : axes) {
     const std::size_t a = shape.normalize_axis(axis, op);
-    check(!seen[a], op, "axes ", list_str(axes), " name axis ", a, " twice for shape ", shape.str());
+    check(!seen[a], op, "axes ", Listed{axes}, " name axis ", a, " twice for shape ", shape);
     seen[a] = true;
     normalized.push_back(static_cast<int>(a));
   }

@@ -44,7 +44,7 @@ cuda::ElementLayout element_layout(const Shape& output, const std::vector<Shape>
     for (auto& m : merged) m.push_back(0);
   }
   check(static_cast<int>(dims.size()) <= cuda::max_element_rank, what, "the broadcast pattern of shapes ",
-        output.str(), " needs ", dims.size(), " axes after merging; a GPU program takes at most ",
+        output, " needs ", dims.size(), " axes after merging; a GPU program takes at most ",
         cuda::max_element_rank);
   layout.rank = static_cast<int>(dims.size());
   for (int d = 0; d < layout.rank; ++d) {

@@ -80,8 +80,10 @@ MlpDims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& 
   const Shape& xs = x.shape();
   check(xs.rank() >= 1 && xs.dim(-1) > 0, op_name, "x must have a non-empty last (hidden) axis, got shape ", xs);
   check(options.epsilon > 0, op_name, "epsilon must be positive, got ", options.epsilon);
-  check(options.norm == NormType::layernorm || !beta.defined(), op_name,
-        "rmsnorm has no beta, but one of shape ", beta.defined() ? beta.shape().str() : "", " was given");
+  if (beta.defined()) {
+    check(options.norm == NormType::layernorm, op_name, "rmsnorm has no beta, but one of shape ", beta.shape(),
+          " was given");
+  }
   if (options.activation == Activation::clamped_swiglu) {
     check(options.clamped_swiglu.limit > 0, op_name, "clamped_swiglu needs a positive limit, got ",
           options.clamped_swiglu.limit);

@@ -136,8 +136,8 @@ template <class T> void copy_permuted(const T* src, T* dst, std::vector<Walk::Ax
 }
 
 std::vector<int> normalize_permutation(const Shape& shape, const std::vector<int>& dims, const char* op) {
-  check(static_cast<int>(dims.size()) == shape.rank(), op, "dims ", list_str(dims), " have ", dims.size(),
-        " entries but shape ", shape.str(), " has rank ", shape.rank());
+  check(static_cast<int>(dims.size()) == shape.rank(), op, "dims ", Listed{dims}, " have ", dims.size(),
+        " entries but shape ", shape, " has rank ", shape.rank());
   return normalize_axes(shape, dims, op);
 }
 
@@ -192,24 +192,24 @@ Shape with_dim(const Shape& shape, int axis, std::int64_t dim) {
 
 // The dims that reshape(`from`, dims) produces, with -1 inferred.
 Shape reshaped(const Shape& from, const std::vector<std::int64_t>& dims) {
-  check(dims.size() <= static_cast<std::size_t>(Shape::max_rank), "reshape", "cannot reshape ", from.str(), " to ",
-        list_str(dims), ": rank ", dims.size(), " exceeds the maximum rank ", Shape::max_rank);
+  check(dims.size() <= static_cast<std::size_t>(Shape::max_rank), "reshape", "cannot reshape ", from, " to ",
+        Listed{dims}, ": rank ", dims.size(), " exceeds the maximum rank ", Shape::max_rank);
   std::vector<std::int64_t> out = dims;
   std::int64_t known = 1;
   const std::size_t none = out.size();
   std::size_t inferred = none;
   for (std::size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
-      check(inferred == none, "reshape", "only one dimension can be -1, got ", list_str(dims), " for shape ",
-            from.str());
+      check(inferred == none, "reshape", "only one dimension can be -1, got ", Listed{dims}, " for shape ",
+            from);
       inferred = i;
     } else {
-      check(out[i] >= 0, "reshape", "invalid dimension ", out[i], " in ", list_str(dims), " for shape ", from.str());
+      check(out[i] >= 0, "reshape", "invalid dimension ", out[i], " in ", Listed{dims}, " for shape ", from);
       known *= out[i];
     }
   }
   const bool fits = inferred == none ? known == from.numel() : known != 0 && from.numel() % known == 0;
-  check(fits, "reshape", "cannot reshape ", from.str(), " (", from.numel(), " elements) to ", list_str(dims));
+  check(fits, "reshape", "cannot reshape ", from, " (", from.numel(), " elements) to ", Listed{dims});
   if (inferred != none) out[inferred] = from.numel() / known;
   return Shape(out);
 }
@@ -284,8 +284,7 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
   const Shape& shape = x.shape();
   const detail::AxisLayout l = detail::axis_layout(shape, axis, "slice");
   const int a = static_cast<int>(shape.normalize_axis(axis, "slice"));
-  check(step >= 1, "slice", "step must be at least 1, got ", step, " (slicing axis ", axis, " of shape ", shape.str(),
-        ")");
+  check(step >= 1, "slice", "step must be at least 1, got ", step, " (slicing axis ", axis, " of shape ", shape, ")");
   struct Saved {
     Shape x_shape;
     Rows in_x;   // the rows of x that were taken
@@ -327,7 +326,7 @@ template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
     else mismatches += (mismatches.empty() ? "" : ", ") + ("input " + std::to_string(k) + " has " + s.str());
   }
   check(mismatches.empty(), "concat", "inputs must have the same shape except along axis ", axis, "; input 0 has ",
-        first.str(), " but ", mismatches);
+        first, " but ", mismatches);
   struct Saved {
     std::vector<Shape> shapes;
     std::vector<std::int64_t> offsets;  // where each input starts along the axis

@@ -151,8 +151,8 @@ Shape label_shape(const Shape& logits) {
 void check_label_shape(const Shape& logits, const Tensor<std::int64_t>& labels) {
   check_logits(logits);
   const Shape leading = label_shape(logits);
-  check(labels.shape() == leading, "cross_entropy", "labels have shape ", labels.shape().str(), " but logits of shape ",
-        logits.str(), " need labels of shape ", leading.str());
+  check(labels.shape() == leading, "cross_entropy", "labels have shape ", labels.shape(), " but logits of shape ",
+        logits, " need labels of shape ", leading);
 }
 
 [[noreturn]] void throw_label_out_of_range(const Shape& logits, std::int64_t flat, std::int64_t label) {
@@ -238,8 +238,8 @@ std::tuple<Tensor<T>, Tensor<T>> device_cross_entropy_grads(const CrossEntropySa
 
 template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
   using C = compute_t<T>;
-  check(pred.shape() == target.shape(), "mse_loss", "pred has shape ", pred.shape().str(), " but target has shape ",
-        target.shape().str(), "; they must match exactly");
+  check(pred.shape() == target.shape(), "mse_loss", "pred has shape ", pred.shape(), " but target has shape ",
+        target.shape(), "; they must match exactly");
   check_same_device("mse_loss", pred, target);
   return custom_op<MseSaved<T>>(
       "mse_loss",
@@ -296,8 +296,8 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& target_probs) {
   using Saved = CrossEntropySaved<T, Tensor<T>>;
   check_logits(logits.shape());
-  check(target_probs.shape() == logits.shape(), "cross_entropy", "target_probs has shape ", target_probs.shape().str(),
-        " but logits have shape ", logits.shape().str(), "; soft targets must match logits exactly");
+  check(target_probs.shape() == logits.shape(), "cross_entropy", "target_probs has shape ", target_probs.shape(),
+        " but logits have shape ", logits.shape(), "; soft targets must match logits exactly");
   check_same_device("cross_entropy", logits, target_probs);
   return custom_op<Saved>(
       "cross_entropy",

@@ -25,14 +25,14 @@ constexpr NormKind rms_norm{"rmsnorm", false};
 
 void check_norm_inputs(const NormKind& kind, const Shape& x, const Shape& gamma, const Shape* beta,
                        const NormOptions& options) {
-  check(x.rank() >= 1, kind.op, "x must have at least one axis (the normalized one), got shape ", x.str());
+  check(x.rank() >= 1, kind.op, "x must have at least one axis (the normalized one), got shape ", x);
   check(options.epsilon > 0, kind.op, "epsilon must be positive, got ", options.epsilon);
   const Shape want{x.dim(-1)};
-  check(gamma == want, kind.op, "gamma has shape ", gamma.str(), " but x has shape ", x.str(),
-        "; expected gamma of shape ", want.str(), " (x's last axis)");
+  check(gamma == want, kind.op, "gamma has shape ", gamma, " but x has shape ", x, "; expected gamma of shape ", want,
+        " (x's last axis)");
   if (beta) {
-    check(*beta == want, kind.op, "beta has shape ", beta->str(), " but x has shape ", x.str(),
-          "; expected beta of shape ", want.str(), " (x's last axis)");
+    check(*beta == want, kind.op, "beta has shape ", *beta, " but x has shape ", x, "; expected beta of shape ", want,
+          " (x's last axis)");
   }
 }
 

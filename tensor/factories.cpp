@@ -34,7 +34,7 @@ template <class T> Tensor<T> arange(std::int64_t n) {
 
 template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape) {
   check(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector", "got ", values.size(),
-        " values for shape ", shape.str(), " which holds ", shape.numel());
+        " values for shape ", shape, " which holds ", shape.numel());
   Tensor<T> t(shape);
   std::copy(values.begin(), values.end(), t.data());
   return t;

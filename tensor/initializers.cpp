@@ -51,9 +51,9 @@ Fans compute_fans(const Shape& shape, const FanAxes& axes, const std::string& op
   for (int r = 0; r < 3; ++r) {
     for (const int axis : *lists[r]) {
       check(-shape.rank() <= axis && axis < shape.rank(), op, list_names[r], " axis ", axis,
-            " is out of range for shape ", shape.str(), " (rank ", shape.rank(), ")");
+            " is out of range for shape ", shape, " (rank ", shape.rank(), ")");
       const auto a = static_cast<std::size_t>(axis < 0 ? axis + shape.rank() : axis);
-      check(role[a] == -1, op, "axis ", axis, " of shape ", shape.str(), " appears twice in the fan axes (",
+      check(role[a] == -1, op, "axis ", axis, " of shape ", shape, " appears twice in the fan axes (",
             fan_axes_str(axes), ")");
       role[a] = r;
       size[r] *= shape[static_cast<int>(a)];
@@ -145,7 +145,7 @@ Initializer Initializer::resolve(const Shape& shape, const FanAxes& axes) const 
   const double fan = mode_ == FanMode::fan_in    ? static_cast<double>(fans.in)
                      : mode_ == FanMode::fan_out ? static_cast<double>(fans.out)
                                                  : 0.5 * static_cast<double>(fans.in + fans.out);
-  check(fan > 0, name_, mode_name(mode_), " is 0 for shape ", shape.str(), " (fan axes ", fan_axes_str(axes), ")");
+  check(fan > 0, name_, mode_name(mode_), " is 0 for shape ", shape, " (fan axes ", fan_axes_str(axes), ")");
   const double variance = scale_ / fan;
   switch (distribution_) {
     case Distribution::normal: return normal(std::sqrt(variance));

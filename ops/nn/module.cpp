@@ -65,8 +65,10 @@ void Module::set_parameter(std::string_view path, const AnyVar& value) {
       [&](auto* slot, const auto& var) {
         using Slot = std::remove_pointer_t<decltype(slot)>;
         if constexpr (std::is_same_v<Slot, std::remove_cvref_t<decltype(var)>>) {
-          check(var.defined() && var.shape() == slot->shape(), type_name_, "parameter '", path, "' has shape ",
-                slot->shape(), " but the new value has shape ", var.defined() ? var.shape().str() : "(undefined)");
+          check(var.defined(), type_name_, "parameter '", path, "' has shape ", slot->shape(),
+                " but the new value has shape (undefined)");
+          check(var.shape() == slot->shape(), type_name_, "parameter '", path, "' has shape ", slot->shape(),
+                " but the new value has shape ", var.shape());
           *slot = var;
         } else {
           check(false, type_name_, "parameter '", path, "' is ", dtype_name(Slot::dtype()), " but the new value is ",

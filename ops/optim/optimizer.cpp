@@ -60,8 +60,8 @@ template <class T>
 void Optimizer::check_parameter(const std::string& path, const Var<T>& var, const ParameterState& state) const {
   const Tensor<T>& grad = var.grad();
   if (!grad.defined()) return;
-  check(grad.shape() == var.shape(), name_, "parameter '", path, "' has a gradient of shape ", grad.shape().str(),
-        " but its value has shape ", var.shape().str());
+  check(grad.shape() == var.shape(), name_, "parameter '", path, "' has a gradient of shape ", grad.shape(),
+        " but its value has shape ", var.shape());
   check(grad.device() == var.device(), name_, "parameter '", path, "' is on ", var.device(),
         " but its gradient is on ", grad.device());
   const std::optional<Device> state_device = state.device();
