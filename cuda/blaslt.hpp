@@ -73,13 +73,14 @@ void gemm(const GemmArgs& args, int device);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// Whether a problem's algorithm is chosen by timing (process-wide; off by default). On: the first call of each
-// problem times cuBLASLt's first 8 candidates (three rounds of 3 runs each, on the problem's own inputs, into
-// scratch) and keeps the fastest, as XLA's autotuner or cuDNN's benchmark mode do. That first call waits for the
-// timings; every later call of the problem runs the kept algorithm and gives the same bits, but two processes may
-// keep different algorithms (timings vary), so results can differ between processes in the last bits. Off:
-// cuBLASLt's heuristic first choice, the same in every process. A problem first seen while its stream is being
-// captured into a CUDA graph gets the heuristic choice either way.
+// Whether a problem's algorithm is chosen by timing (process-wide; off by default). On: the first call of each problem
+// times cuBLASLt's first 8 candidates (three rounds of 3 runs each, on the problem's own inputs, into scratch; before
+// each run a read of scratch twice the L2's size, so that the run finds its operands in memory, as in a training step)
+// and keeps the fastest, as XLA's autotuner or cuDNN's benchmark mode do. That first call waits for the timings; every
+// later call of the problem runs the kept algorithm and gives the same bits, but two processes may keep different
+// algorithms (timings vary), so results can differ between processes in the last bits. Off: cuBLASLt's heuristic first
+// choice, the same in every process. A problem first seen while its stream is being captured into a CUDA graph gets the
+// heuristic choice either way.
 void set_gemm_autotune(bool enable);
 bool gemm_autotune();
 
