@@ -42,15 +42,22 @@ std::string device_description(int index) {
          std::to_string(static_cast<int>(gib + 0.5)) + " GiB)";
 }
 
-int multiprocessor_count(int index) {
+namespace {
+
+// Attribute `attribute` of device `index`, read once per device.
+template <cudaDeviceAttr attribute> int cached_attribute(int index) {
   check_device_index(index, "cuda");
   static std::vector<std::once_flag> ready(static_cast<std::size_t>(device_count()));
-  static std::vector<int> counts(static_cast<std::size_t>(device_count()));
+  static std::vector<int> values(static_cast<std::size_t>(device_count()));
   const auto i = static_cast<std::size_t>(index);
-  std::call_once(ready[i], [&] {
-    TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&counts[i], cudaDevAttrMultiProcessorCount, index));
-  });
-  return counts[i];
+  std::call_once(ready[i], [&] { TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&values[i], attribute, index)); });
+  return values[i];
 }
+
+}  // namespace
+
+int multiprocessor_count(int index) { return cached_attribute<cudaDevAttrMultiProcessorCount>(index); }
+
+bool overlaps_launches(int index) { return cached_attribute<cudaDevAttrComputeCapabilityMajor>(index) >= 9; }
 
 }  // namespace tapegrad::cuda

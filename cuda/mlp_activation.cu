@@ -121,6 +121,7 @@ template <class S, int V, bool Backward, Form Fixed>
 __global__ void __launch_bounds__(threads, min_blocks_per_sm)
     activation_kernel(const MlpActivation act, const Buffers<S> b, std::int64_t rows, std::int64_t F,
                       std::int64_t chunk_rows) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   const int width = width_of<Fixed>(act);
   const std::int64_t col = (blockIdx.x * std::int64_t{threads} + threadIdx.x) * V;
@@ -188,17 +189,13 @@ void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b
   const std::int64_t per_block = std::int64_t{threads} * (packs ? wide : 1);
   const dim3 grid(static_cast<unsigned>((F + per_block - 1) / per_block), static_cast<unsigned>(chunks(rows, F)));
   const std::int64_t per_chunk = chunk_rows(rows, F);
-  const cudaStream_t stream = launch.stream();
-  if (!packs) {
-    activation_kernel<S, 1, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
-  } else if (form_of(act) == Form::gelu) {
-    activation_kernel<S, wide, Backward, Form::gelu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
-  } else if (form_of(act) == Form::swiglu) {
-    activation_kernel<S, wide, Backward, Form::swiglu><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
-  } else {
-    activation_kernel<S, wide, Backward, Form::general><<<grid, threads, 0, stream>>>(act, b, rows, F, per_chunk);
-  }
-  TAPEGRAD_CUDA_CHECK_LAUNCH();
+  const auto run = [&](auto kernel) {
+    launch_overlapped(launch, kernel, grid, threads, 0, act, b, rows, F, per_chunk);
+  };
+  if (!packs) run(activation_kernel<S, 1, Backward, Form::general>);
+  else if (form_of(act) == Form::gelu) run(activation_kernel<S, wide, Backward, Form::gelu>);
+  else if (form_of(act) == Form::swiglu) run(activation_kernel<S, wide, Backward, Form::swiglu>);
+  else run(activation_kernel<S, wide, Backward, Form::general>);
 }
 
 }  // namespace

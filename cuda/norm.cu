@@ -47,6 +47,7 @@ template <class S> struct ForwardParams {
 
 template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(ForwardParams<S> p) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   constexpr int V = Config::V;
   const rows::RowExtent<V, Padded> m{p.hidden};
@@ -106,6 +107,7 @@ template <class S> struct BackwardParams {
 
 template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(BackwardParams<S> p) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   constexpr int V = Config::V;
   const rows::RowExtent<V, Padded> m{p.hidden};
@@ -195,6 +197,7 @@ __device__ __forceinline__ std::int64_t cached_pack(int i, std::int64_t packs) {
 
 template <class S, int P, bool Padded>
 __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(ForwardParams<S> p) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>;
   const rows::RowExtent<V, Padded> m{p.hidden};
@@ -256,6 +259,7 @@ template <int P> constexpr std::size_t staging_bytes = std::size_t{staged_rows<P
 template <class S, int P, bool Padded>
 __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ? 2 : 1)
     norm_backward_cached_kernel(BackwardParams<S> p) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
   const rows::RowExtent<V, Padded> m{p.hidden};
@@ -398,17 +402,14 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
     const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.beta, args.y});
     rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
       const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
-        norm_forward_cached_kernel<S, packs_per_thread(), padded()>
-            <<<launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0,
-               launch.stream()>>>(p);
-        TAPEGRAD_CUDA_CHECK_LAUNCH();
+        launch_overlapped(launch, norm_forward_cached_kernel<S, packs_per_thread(), padded()>,
+                          launch.blocks_for(problem.rows * cached_threads, cached_threads), cached_threads, 0, p);
       });
       if (cached) return;
       rows::dispatch_rows<S>(ld, wide, [&](auto config) {
         using Config = decltype(config);
-        norm_forward_kernel<S, Config, padded()>
-            <<<rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, launch.stream()>>>(p);
-        TAPEGRAD_CUDA_CHECK_LAUNCH();
+        launch_overlapped(launch, norm_forward_kernel<S, Config, padded()>,
+                          rows::row_blocks<Config>(launch, problem.rows), Config::block_threads, 0, p);
       });
     });
   });
@@ -453,15 +454,13 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
           // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
           TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(staging_bytes<P>)));
-          kernel<<<static_cast<int>(blocks), cached_threads, staging_bytes<P>, launch.stream()>>>(p);
-          TAPEGRAD_CUDA_CHECK_LAUNCH();
+          launch_overlapped(launch, kernel, static_cast<unsigned>(blocks), cached_threads, staging_bytes<P>, p);
         });
         if (cached) return;
         rows::dispatch_rows<S>(ld, wide, [&](auto config) {
           using Config = decltype(config);
-          norm_backward_kernel<S, Config, padded()>
-              <<<static_cast<int>(blocks), Config::block_threads, 0, launch.stream()>>>(p);
-          TAPEGRAD_CUDA_CHECK_LAUNCH();
+          launch_overlapped(launch, norm_backward_kernel<S, Config, padded()>, static_cast<unsigned>(blocks),
+                            Config::block_threads, 0, p);
         });
       });
     }

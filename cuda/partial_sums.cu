@@ -21,6 +21,7 @@ template <class S> struct Sums {
 template <class S>
 __global__ void __launch_bounds__(tile_columns * slices)
     sum_partials_kernel(Sums<S> sums, std::int64_t blocks, std::int64_t width) {
+  wait_for_prior_kernels();
   using C = compute_of<S>;
   __shared__ C slice_sums[slices][tile_columns];
   const C* partials = sums.partials[blockIdx.y];
@@ -72,8 +73,7 @@ void sum_partials(DType dtype, std::span<const PartialSums> sums, std::int64_t b
     constexpr int threads = tile_columns * slices;
     const dim3 grid(static_cast<unsigned>(launch.blocks_for(width * slices, threads)),
                     static_cast<unsigned>(sums.size()));
-    sum_partials_kernel<S><<<grid, threads, 0, launch.stream()>>>(args, blocks, width);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    launch_overlapped(launch, sum_partials_kernel<S>, grid, threads, 0, args, blocks, width);
   });
 }
 

@@ -212,6 +212,7 @@ __device__ void store(const Op& op, const Plan& p, std::int64_t o, std::int64_t 
 }
 
 template <class Op, int threads> __global__ void reduce_rows_kernel(Op op, Plan p, typename Op::Acc* partial) {
+  wait_for_prior_kernels();
   using Acc = typename Op::Acc;
   using BlockReduce = cub::BlockReduce<Acc, threads>;
   __shared__ typename BlockReduce::TempStorage storage;
@@ -256,6 +257,7 @@ __device__ typename Op::Acc fold_in_order(typename Op::Acc acc, std::int64_t cou
 }
 
 template <class Op> __global__ void reduce_columns_kernel(Op op, Plan p, typename Op::Acc* partial) {
+  wait_for_prior_kernels();
   for (std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; t < p.outputs * p.chunks;
        t += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t o = t % p.outputs, c = t / p.outputs;
@@ -281,6 +283,7 @@ constexpr int finish_columns = 32, finish_slices = 8;
 template <class Op>
 __global__ void __launch_bounds__(finish_columns * finish_slices)
     finish_kernel(Op op, Plan p, const typename Op::Acc* partial) {
+  wait_for_prior_kernels();
   using Acc = typename Op::Acc;
   __shared__ Acc slice_accs[finish_slices][finish_columns];
   const int column = static_cast<int>(threadIdx.x) % finish_columns;
@@ -312,18 +315,16 @@ template <class Op> void reduce(const Op& op, const Plan& p, int device) {
   Acc* partial = static_cast<Acc*>(scratch.data());
   constexpr int threads = 256;
   if (p.rows) {
-    const int blocks = launch.blocks_for(p.outputs * p.chunks * threads, threads);
-    reduce_rows_kernel<Op, threads><<<blocks, threads, 0, launch.stream()>>>(op, p, partial);
+    launch_overlapped(launch, reduce_rows_kernel<Op, threads>,
+                      launch.blocks_for(p.outputs * p.chunks * threads, threads), threads, 0, op, p, partial);
   } else {
-    reduce_columns_kernel<Op><<<launch.blocks_for(p.outputs * p.chunks, threads), threads, 0, launch.stream()>>>(
-        op, p, partial);
+    launch_overlapped(launch, reduce_columns_kernel<Op>, launch.blocks_for(p.outputs * p.chunks, threads), threads,
+                      0, op, p, partial);
   }
-  TAPEGRAD_CUDA_CHECK_LAUNCH();
   if (chunked) {
     constexpr int finish_threads = finish_columns * finish_slices;
-    finish_kernel<Op><<<launch.blocks_for(p.outputs * finish_slices, finish_threads), finish_threads, 0,
-                        launch.stream()>>>(op, p, partial);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    launch_overlapped(launch, finish_kernel<Op>, launch.blocks_for(p.outputs * finish_slices, finish_threads),
+                      finish_threads, 0, op, p, partial);
   }
 }
 

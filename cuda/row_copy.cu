@@ -27,6 +27,7 @@ constexpr std::int64_t span = threads * per_thread;  // the elements of one bloc
 
 // Packed: a thread's elements are one pack of V = per_thread (16 bytes for 2-byte elements) or per_thread / V packs.
 template <class E, bool Packed> __global__ void __launch_bounds__(threads) copy_rows_kernel(RowCopy<E> c) {
+  wait_for_prior_kernels();
   constexpr int V = Packed ? 16 / sizeof(E) : 1;
   static_assert(per_thread % V == 0);
   for (std::int64_t r = blockIdx.y; r < c.dst_rows; r += gridDim.y) {
@@ -73,9 +74,7 @@ void copy_rows(DType dtype, const void* src, std::int64_t rows, std::int64_t col
     const std::int64_t wave = std::int64_t{multiprocessor_count(device)} * 8;
     const std::int64_t y = std::min<std::int64_t>({dst_rows, std::max<std::int64_t>(1, wave / x), 65535});
     const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y));
-    if (packed) copy_rows_kernel<E, true><<<grid, threads, 0, launch.stream()>>>(c);
-    else copy_rows_kernel<E, false><<<grid, threads, 0, launch.stream()>>>(c);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    launch_overlapped(launch, packed ? copy_rows_kernel<E, true> : copy_rows_kernel<E, false>, grid, threads, 0, c);
   });
 }
 
