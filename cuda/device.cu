@@ -58,6 +58,8 @@ template <cudaDeviceAttr attribute> int cached_attribute(int index) {
 
 int multiprocessor_count(int index) { return cached_attribute<cudaDevAttrMultiProcessorCount>(index); }
 
+int l2_cache_bytes(int index) { return cached_attribute<cudaDevAttrL2CacheSize>(index); }
+
 bool overlaps_launches(int index) { return cached_attribute<cudaDevAttrComputeCapabilityMajor>(index) >= 9; }
 
 }  // namespace tapegrad::cuda

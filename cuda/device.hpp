@@ -15,6 +15,9 @@ std::string device_description(int index);
 // The device's number of streaming multiprocessors, read once per device (for grid sizes).
 int multiprocessor_count(int index);
 
+// The device's L2 cache size in bytes, read once per device.
+int l2_cache_bytes(int index);
+
 // Whether a kernel may be launched to start while the one before it finishes (programmatic dependent launch:
 // compute capability 9.0 and up; see launch_overlapped in cuda/launch.cuh).
 bool overlaps_launches(int index);
