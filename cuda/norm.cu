@@ -8,8 +8,9 @@
 // Backward: the rows are cut into chunks whose size depends only on the number of rows (chunk_rows); block b of
 // the one backward kernel takes chunk b.
 //   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)).
-//   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy over the
-//   chunk's rows in row order in registers, and writes them to the block's partial row.
+//   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy (and the
+//   caller's other rows, NormBackwardArgs::other) over the chunk's rows in row order in registers, and writes them
+//   to the block's partial rows.
 // sum_partials (cuda/partial_sums.hpp) then adds the partial rows in a fixed order. No atomics, nothing shared
 // between blocks: the same inputs give the same bits.
 //
@@ -19,6 +20,7 @@
 #include "cuda/norm.hpp"
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 
 #include "cuda/async_copy.cuh"
@@ -95,11 +97,13 @@ template <class S> struct BackwardParams {
   const S* x;
   const S* gamma;
   const S* dy;
-  const C* mean;  // layernorm only
+  const S* other;  // rows whose columns are summed too, or null
+  const C* mean;   // layernorm only
   const C* rstd;
   S* dx;               // each of dx and the partials: null when not wanted
   C* dgamma_partials;  // [chunks, hidden]
   C* dbeta_partials;   // [chunks, hidden]
+  C* other_partials;   // [chunks, hidden]
   std::int64_t rows, hidden, ld, chunk_rows;
   bool centered;
   C gamma_offset;  // 1 for zero-centered gamma, else 0
@@ -155,11 +159,12 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
     }
   }
 
-  if (p.dgamma_partials || p.dbeta_partials) {  // phase 2: each thread its columns, over the chunk's rows in order
+  // Phase 2: each thread its columns, over the chunk's rows in order.
+  if (p.dgamma_partials || p.dbeta_partials || p.other_partials) {
     const std::int64_t column_packs = Padded ? (p.hidden + V - 1) / V : p.hidden / V;
     for (std::int64_t q = threadIdx.x; q < column_packs; q += blockDim.x) {
-      C dgamma[V] = {}, dbeta[V] = {};
-      for (std::int64_t r = first; r < last; ++r) {
+      C dgamma[V] = {}, dbeta[V] = {}, other[V] = {};
+      for (std::int64_t r = first; r < last && (p.dgamma_partials || p.dbeta_partials); ++r) {
         C dyv[V];
         m.load(p.dy + r * p.ld, q, dyv);  // 0 past the row's end: adds nothing below
         if (p.dgamma_partials) {
@@ -170,10 +175,24 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
         }
         for (int k = 0; k < V; ++k) dbeta[k] += dyv[k];
       }
+      // Phase 1 left x and dy in L2, but not the other rows: several rows' loads in flight at once, added in order.
+      constexpr int in_flight = 4;
+      for (std::int64_t r = first; r < last && p.other_partials; r += in_flight) {
+        C v[in_flight][V];
+#pragma unroll
+        for (int i = 0; i < in_flight; ++i) {
+          if (r + i < last) m.load(p.other + (r + i) * p.ld, q, v[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < in_flight; ++i) {
+          for (int k = 0; k < V && r + i < last; ++k) other[k] += v[i][k];
+        }
+      }
       const std::int64_t at = blockIdx.x * p.hidden + q * V;
       for (int k = 0; k < V && m.in_row(q, k); ++k) {
         if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[k];
         if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[k];
+        if (p.other_partials) p.other_partials[at + k] = other[k];
       }
     }
   }
@@ -248,13 +267,16 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
   }
 }
 
-// The rows' x and dy are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the one being
-// worked on: the loads of the next rows stay in flight through this row's reductions and stores, without holding
-// registers (a 16-bit row of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency: bf16
-// reached 75 % of the card's copy). Each thread copies and reads back only its own packs: no barrier guards the
+// The rows' x and dy (and other) are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the
+// one being worked on: the loads of the next rows stay in flight through this row's reductions and stores, without
+// holding registers (a 16-bit row of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency:
+// bf16 reached 75 % of the card's copy). Each thread copies and reads back only its own packs: no barrier guards the
 // stages. Up to 16 values per thread (two packs of 16-bit types, four of f32) fit 2 blocks per SM; more take one.
 template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
-template <int P> constexpr std::size_t staging_bytes = std::size_t{staged_rows<P>} * 2 * P * cached_threads * 16;
+constexpr int max_staged_inputs = 3;  // x, dy, other
+template <int P> constexpr std::size_t staging_bytes(int inputs) {
+  return std::size_t{staged_rows<P>} * static_cast<std::size_t>(inputs) * P * cached_threads * 16;
+}
 
 template <class S, int P, bool Padded>
 __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ? 2 : 1)
@@ -264,9 +286,10 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
   constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
   const rows::RowExtent<V, Padded> m{p.hidden};
   using Raw = Pack<S, V>;
-  extern __shared__ uint4 staging[];  // [stage][x, dy][pack i][thread], 16 bytes each
+  const int inputs = p.other_partials ? 3 : 2;
+  extern __shared__ uint4 staging[];  // [stage][x, dy, other][pack i][thread], 16 bytes each
   const auto slot = [&](int stage, int input, int i) -> Raw* {
-    return reinterpret_cast<Raw*>(&staging[((stage * 2 + input) * P + i) * cached_threads + threadIdx.x]);
+    return reinterpret_cast<Raw*>(&staging[((stage * inputs + input) * P + i) * cached_threads + threadIdx.x]);
   };
   const std::int64_t packs = p.ld / V;
   const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
@@ -280,13 +303,14 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
           copy_16_async(slot(stage, 0, i), p.x + r * p.ld + q * V);
           copy_16_async(slot(stage, 1, i), p.dy + r * p.ld + q * V);
+          if (p.other_partials) copy_16_async(slot(stage, 2, i), p.other + r * p.ld + q * V);
         }
       }
     }
     commit_async_copies();
   };
   for (int stage = 0; stage < stages; ++stage) fetch(first + stage, stage);
-  C dgamma[P][V] = {}, dbeta[P][V] = {};
+  C dgamma[P][V] = {}, dbeta[P][V] = {}, other[P][V] = {};
   for (std::int64_t r = first; r < last; ++r) {
     const int stage = static_cast<int>((r - first) % stages);
     const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
@@ -301,6 +325,12 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         if (!m.in_row(q, k)) continue;
         xhat[i][k] = (to_compute<C>(x_pack.v[k]) - mean) * rstd;
         dy[i][k] = to_compute<C>(dy_pack.v[k]);
+      }
+      if (p.other_partials) {
+        const Raw other_pack = *slot(stage, 2, i);
+        for (int k = 0; k < V; ++k) {
+          if (m.in_row(q, k)) other[i][k] += to_compute<C>(other_pack.v[k]);
+        }
       }
     }
     fetch(r + stages, stage);  // the stage is read: refill it
@@ -347,6 +377,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     for (int k = 0; k < V && m.in_row(q, k); ++k) {
       if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[i][k];
       if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[i][k];
+      if (p.other_partials) p.other_partials[at + k] = other[i][k];
     }
   }
 }
@@ -376,6 +407,16 @@ std::int64_t row_stride(const NormProblem& problem, const char* op) {
   check(problem.ld == 0 || problem.ld >= problem.hidden, op, "rows of ", problem.hidden, " elements cannot lie ",
         problem.ld, " apart");
   return problem.ld == 0 ? problem.hidden : problem.ld;
+}
+
+// The column sums norm_backward is asked for, in the order of their partial rows: dγ, dβ, other's.
+std::array<void*, max_partial_sums> column_sums_of(const NormBackwardArgs& args) {
+  return {args.dgamma, args.dbeta, args.other_sums};
+}
+
+std::int64_t sums_wanted(const NormBackwardArgs& args) {
+  const auto sums = column_sums_of(args);
+  return std::count_if(sums.begin(), sums.end(), [](const void* sum) { return sum != nullptr; });
 }
 
 }  // namespace
@@ -415,46 +456,58 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
   });
 }
 
-std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma, bool need_dbeta) {
-  return chunks(problem.rows) * problem.hidden * (std::int64_t{need_dgamma} + std::int64_t{need_dbeta});
+std::int64_t norm_backward_partials(const NormProblem& problem, const NormBackwardArgs& args) {
+  return chunks(problem.rows) * problem.hidden * sums_wanted(args);
 }
 
 void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device) {
   const std::int64_t ld = row_stride(problem, "norm_backward");
-  const bool need_dgamma = args.dgamma != nullptr, need_dbeta = args.dbeta != nullptr;
-  if (problem.hidden == 0 || (!args.dx && !need_dgamma && !need_dbeta)) return;
+  check(!args.other == !args.other_sums || problem.rows == 0, "norm_backward",
+        "other and other_sums come together (other is ", args.other ? "set" : "null", ", other_sums ",
+        args.other_sums ? "set" : "null", ")");
+  if (problem.hidden == 0 || (!args.dx && sums_wanted(args) == 0)) return;
+  const auto wanted = column_sums_of(args);
   Launch launch(device);
   dispatch_float(problem.dtype, "norm_backward", [&](auto tag) {
     using S = decltype(tag);
     using C = compute_of<S>;
     const std::int64_t blocks = chunks(problem.rows);
-    C* partials = static_cast<C*>(args.partials);
-    C* dgamma_partials = need_dgamma ? partials : nullptr;
-    C* dbeta_partials = need_dbeta ? partials + (need_dgamma ? blocks * problem.hidden : 0) : nullptr;
+    // Each sum asked for gets the next [blocks, hidden] of the scratch, in column_sums_of's order.
+    std::array<C*, max_partial_sums> partials{};
+    PartialSums sums[max_partial_sums];
+    int count = 0;
+    for (std::size_t i = 0; i < wanted.size(); ++i) {
+      if (!wanted[i]) continue;
+      partials[i] = static_cast<C*>(args.partials) + count * blocks * problem.hidden;
+      sums[count++] = {partials[i], wanted[i]};
+    }
     if (blocks > 0) {
       const BackwardParams<S> p{static_cast<const S*>(args.x),
                                 static_cast<const S*>(args.gamma),
                                 static_cast<const S*>(args.dy),
+                                static_cast<const S*>(args.other),
                                 static_cast<const C*>(args.mean),
                                 static_cast<const C*>(args.rstd),
                                 static_cast<S*>(args.dx),
-                                dgamma_partials,
-                                dbeta_partials,
+                                partials[0],
+                                partials[1],
+                                partials[2],
                                 problem.rows,
                                 problem.hidden,
                                 ld,
                                 chunk_rows(problem.rows),
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0)};
-      const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx});
+      const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx, args.other});
       rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
         const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
           constexpr int P = packs_per_thread();
           const auto kernel = norm_backward_cached_kernel<S, P, padded()>;
           // With the reductions' static shared memory the block needs more than the default 48 KB: ask for it.
           TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(staging_bytes<P>)));
-          launch_overlapped(launch, kernel, static_cast<unsigned>(blocks), cached_threads, staging_bytes<P>, p);
+                                                   static_cast<int>(staging_bytes<P>(max_staged_inputs))));
+          launch_overlapped(launch, kernel, static_cast<unsigned>(blocks), cached_threads,
+                            staging_bytes<P>(args.other ? 3 : 2), p);
         });
         if (cached) return;
         rows::dispatch_rows<S>(ld, wide, [&](auto config) {
@@ -465,11 +518,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
       });
     }
     const DType grads = args.wide_parameter_grads ? compute_dtype(problem.dtype) : problem.dtype;
-    PartialSums sums[max_partial_sums];
-    int count = 0;
-    if (need_dgamma) sums[count++] = {dgamma_partials, args.dgamma};
-    if (need_dbeta) sums[count++] = {dbeta_partials, args.dbeta};
-    sum_partials(grads, std::span(sums, count), blocks, problem.hidden, device);  // dγ and dβ in one launch
+    sum_partials(grads, std::span(sums, count), blocks, problem.hidden, device);  // all of them in one launch
   });
 }
 

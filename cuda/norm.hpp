@@ -48,16 +48,23 @@ struct NormBackwardArgs {
   void* dx = nullptr;          // each of dx, dgamma [hidden], dbeta [hidden]: written unless null
   void* dgamma = nullptr;
   void* dbeta = nullptr;
-  void* partials = nullptr;  // scratch: norm_backward_partials(...) elements of C when dgamma or dbeta is wanted
-  bool wide_parameter_grads = false;  // dgamma and dbeta in C (summed in C, rounded once to C) instead of dtype
+  // Optional, both or neither (other may be null without rows): the column sums of another [rows, hidden] tensor
+  // whose rows lie ld apart as dy's (its elements past hidden do not matter), summed in the same pass and order as
+  // dbeta and written like it. For a caller's bias gradient over the same rows (layernorm_mlp's db2): it saves that
+  // sum its own pass and launches.
+  const void* other = nullptr;
+  void* other_sums = nullptr;
+  void* partials = nullptr;  // scratch: norm_backward_partials(problem, args) elements of C
+  bool wide_parameter_grads = false;  // dgamma, dbeta, other_sums in C (summed in C, rounded once) instead of dtype
 };
 
-// The scratch norm_backward needs for the parameter gradients asked for, in elements of C: a partial sum per block
-// of rows and column. Depends on the problem's shape only, so dgamma and dbeta do not depend on the GPU model.
-std::int64_t norm_backward_partials(const NormProblem& problem, bool need_dgamma, bool need_dbeta);
+// The scratch norm_backward needs for the column sums `args` asks for (dgamma, dbeta, other_sums), in elements of C:
+// a partial sum per block of rows and column. Depends on the problem's shape only, so the sums do not depend on the
+// GPU model.
+std::int64_t norm_backward_partials(const NormProblem& problem, const NormBackwardArgs& args);
 
-// dx, dgamma and dbeta (only those not null). One kernel writes dx and each block's partial sums of dgamma and
-// dbeta over its rows; a second adds the partials in a fixed order (deterministic: no atomics).
+// dx, dgamma, dbeta and other_sums (only those not null). One kernel writes dx and each block's partial column sums
+// over its rows; a second adds the partials in a fixed order (deterministic: no atomics).
 void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device);
 
 }  // namespace tapegrad::cuda

@@ -17,8 +17,8 @@ struct PartialSums {
   void* out;
 };
 
-// The most sums one launch takes (a norm's dγ and dβ).
-constexpr int max_partial_sums = 2;
+// The most sums one launch takes (a norm's dγ and dβ, and a caller's column sums over the same rows).
+constexpr int max_partial_sums = 3;
 
 // For each sum: out[j] = Σ_b partials[b·width + j] over b in [0, blocks), summed in a fixed order (eight fixed
 // slices of the blocks, each in block order, then the slices in order) in the compute type, rounded once to

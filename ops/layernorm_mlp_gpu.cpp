@@ -2,13 +2,14 @@
 // of cuda/, in the same order and with the same roundings; ops/layernorm_mlp_gpu.hpp says where they differ.
 //
 //   forward                                  backward (dy [M, H])
-//   h  = norm(x)          cuda::norm_forward   db2 = Σ_rows dy                       cuda::sum in C
-//   z  = h · W1 + b1      cuda::gemm + bias    da  = dy · W2ᵀ                        cuda::gemm
-//   a  = act(z)           mlp_activation (*)   dz = da · ∂a/∂z, db1 = Σ_rows dz and  mlp_activation_backward
-//   y  = a · W2 + b2      cuda::gemm + bias      a = act(z) again (bitwise, but (*))
-//                                            dW2 = aᵀ·dy                           cuda::gemm
+//   h  = norm(x)          cuda::norm_forward   da  = dy · W2ᵀ                        cuda::gemm
+//   z  = h · W1 + b1      cuda::gemm + bias    dz = da · ∂a/∂z, db1 = Σ_rows dz and  mlp_activation_backward
+//   a  = act(z)           mlp_activation (*)     a = act(z) again (bitwise, but (*))
+//   y  = a · W2 + b2      cuda::gemm + bias    dW2 = aᵀ·dy                           cuda::gemm
 //                                            dW1 = hᵀ·dz; dh = dz · W1ᵀ (+ the returned h's gradient)
-//                                            dx, dγ, dβ = cuda::norm_backward of dh
+//                                            dx, dγ, dβ = cuda::norm_backward of dh, and db2 = Σ_rows dy in the
+//                                              same pass (its `other` rows: dy has dh's shape), summed in C
+//                                              (without a norm backward, db2 alone: cuda::sum in C)
 // (the weight gradients accumulate in f32 on the tensor cores; (*) GELU with a bias: GEMM1's epilogue, see the .hpp)
 //
 // Every parameter gradient is summed in C = compute_t<T> and rounded once to its dtype P (ParamGrad).
@@ -265,8 +266,8 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   const Device device = dy_in.device();
   const Tensor<T> dy = dy_in.reshape(Shape{M, H});
   DeviceMlpGrads<T, P> g;
-  if (need.b2) g.db2 = column_sums<P>(dy, H, Shape{H});
   const bool need_dh = need.x || need.gamma || need.beta;
+  if (need.b2 && !need_dh) g.db2 = column_sums<P>(dy, H, Shape{H});  // else in the norm's backward pass
   const bool need_dz = need_dh || need.w1 || need.b1;
   if (!need_dz && !need.w2) return g;
 
@@ -296,28 +297,31 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   else dh = resized(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
   product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
   dz = Tensor<T>();
-  // dx rounds to T once (padded like x, then cropped); dγ and dβ are summed in C and rounded once to P.
+  // dx rounds to T once (padded like x, then cropped); dγ, dβ and db2 are summed in C and rounded once to P.
   Tensor<T> dx;
   if (need.x) dx = Tensor<T>(Shape{M, Hp}, device);
-  std::optional<ParamGrad<P, T>> dgamma, dbeta;
+  std::optional<ParamGrad<P, T>> dgamma, dbeta, db2;
   if (need.gamma) dgamma.emplace(Shape{H}, Shape{H}, device);
   if (need.beta) dbeta.emplace(Shape{H}, Shape{H}, device);
-  Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, need.gamma, need.beta)}, device);
-  cuda::norm_backward(s.norm,
-                      {.x = s.x.data(),
-                       .gamma = s.gamma.data(),
-                       .dy = dh.data(),
-                       .mean = is_layernorm(s) ? s.mean.data() : nullptr,
-                       .rstd = s.rstd.data(),
-                       .dx = need.x ? dx.data() : nullptr,
-                       .dgamma = dgamma ? dgamma->data() : nullptr,
-                       .dbeta = dbeta ? dbeta->data() : nullptr,
-                       .partials = partials.data(),
-                       .wide_parameter_grads = ParamGrad<P, T>::wide},
-                      device.index);
+  if (need.b2) db2.emplace(Shape{H}, Shape{H}, device);
+  cuda::NormBackwardArgs args{.x = s.x.data(),
+                              .gamma = s.gamma.data(),
+                              .dy = dh.data(),
+                              .mean = is_layernorm(s) ? s.mean.data() : nullptr,
+                              .rstd = s.rstd.data(),
+                              .dx = need.x ? dx.data() : nullptr,
+                              .dgamma = dgamma ? dgamma->data() : nullptr,
+                              .dbeta = dbeta ? dbeta->data() : nullptr,
+                              .other = db2 ? dyp.data() : nullptr,
+                              .other_sums = db2 ? db2->data() : nullptr,
+                              .wide_parameter_grads = ParamGrad<P, T>::wide};
+  Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, args)}, device);
+  args.partials = partials.data();
+  cuda::norm_backward(s.norm, args, device.index);
   if (need.x) g.dx = resized(dx, Shape{M, H});
   if (dgamma) g.dgamma = dgamma->result();
   if (dbeta) g.dbeta = dbeta->result();
+  if (db2) g.db2 = db2->result();
   return g;
 }
 

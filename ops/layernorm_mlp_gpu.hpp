@@ -5,7 +5,8 @@
 // Where it differs from the CPU: γ and β are rounded to T for the norm (the CPU widens P to C), so with P wider than T
 // the norm output sees γ and β at T's precision. Everything else is rounded where the CPU rounds: h, z, a and y once to
 // T; the bias and weight gradients and dγ, dβ summed in C = compute_t<T> and rounded once to P (16-bit GEMMs write f32
-// for that, the norm backward sums dγ, dβ in C). db1 sums dz after its rounding to T, where the CPU sums it before.
+// for that, the norm backward sums dγ, dβ and db2 in C). db1 sums dz after its rounding to T, where the CPU sums it
+// before.
 // GELU with a bias (bf16, f16, f32, ffn a multiple of 8): GEMM1 applies it in cuBLASLt's epilogue, on the sum before
 // z's rounding to T, where the CPU computes GELU of the rounded z; the backward's a (for dW2) is made by the
 // activation kernel from the rounded z, as the CPU's, so it can differ from the forward's a in T's last bit. The

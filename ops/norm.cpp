@@ -83,18 +83,17 @@ Grads<T> device_norm_backward(const DeviceNorm<T>& s, const Tensor<T>& dy, bool 
   if (need_dx) g.dx = Tensor<T>(s.x.shape(), device);
   if (need_dgamma) g.dgamma = Tensor<T>(param_shape, device);
   if (need_dbeta) g.dbeta = Tensor<T>(param_shape, device);
-  Tensor<compute_t<T>> partials({cuda::norm_backward_partials(s.problem, need_dgamma, need_dbeta)}, device);
-  cuda::norm_backward(s.problem,
-                      {.x = s.x.data(),
-                       .gamma = s.gamma.data(),
-                       .dy = dy.data(),
-                       .mean = s.mean.data(),
-                       .rstd = s.rstd.data(),
-                       .dx = g.dx.data(),
-                       .dgamma = g.dgamma.data(),
-                       .dbeta = g.dbeta.data(),
-                       .partials = partials.data()},
-                      device.index);
+  cuda::NormBackwardArgs args{.x = s.x.data(),
+                              .gamma = s.gamma.data(),
+                              .dy = dy.data(),
+                              .mean = s.mean.data(),
+                              .rstd = s.rstd.data(),
+                              .dx = g.dx.data(),
+                              .dgamma = g.dgamma.data(),
+                              .dbeta = g.dbeta.data()};
+  Tensor<compute_t<T>> partials({cuda::norm_backward_partials(s.problem, args)}, device);
+  args.partials = partials.data();
+  cuda::norm_backward(s.problem, args, device.index);
   return g;
 }
 

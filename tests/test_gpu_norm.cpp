@@ -132,8 +132,9 @@ template <class T> Tensor<T> cropped(const Tensor<T>& t, std::int64_t cols, std:
   return out;
 }
 
-// The launchers on rows `ld` apart (x and dy padded with NaN, y and dx pre-filled with NaN), against the op on the
-// CPU in double on the unpadded values; the padding of y and dx must come out +0.
+// The launchers on rows `ld` apart (x, dy and the backward's other rows padded with NaN, y and dx pre-filled with
+// NaN), against the op on the CPU in double on the unpadded values, and other's column sums against sums in double;
+// the padding of y and dx must come out +0.
 template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int64_t hidden, std::int64_t ld,
                                           std::uint64_t seed) {
   CAPTURE(hidden);
@@ -143,7 +144,9 @@ template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int
   const std::vector<GpuInput> inputs = norm_inputs(kind, {rows, hidden});
   std::vector<Tensor<T>> values;
   for (std::size_t k = 0; k < inputs.size(); ++k) values.push_back(test::draw_input<T>(inputs[k], seed + k));
-  const Tensor<T> dy = randn<T>({rows, hidden}, seed + 10);
+  const Tensor<T> dy = randn<T>({rows, hidden}, seed + 10), other = randn<T>({rows, hidden}, seed + 11);
+  Tensor<double> other_want = zeros<double>({hidden});
+  for (std::int64_t i = 0; i < other.numel(); ++i) other_want.flat(i % hidden) += convert<double>(other.flat(i));
   const NormOptions options{.epsilon = 1e-5};
   const auto want = test::run_op<double, T>([&](const auto& v) { return apply(kind, v, options); }, inputs, values,
                                             &dy, Device::cpu(), 0);
@@ -162,24 +165,27 @@ template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int
                      {.x = x.data(), .gamma = gamma.data(), .beta = has_beta ? beta.data() : nullptr, .y = y.data(),
                       .mean = mean.data(), .rstd = rstd.data(), .epsilon = options.epsilon},
                      device);
-  Tensor<T> dgamma({hidden}, test::gpu), dbeta({hidden}, test::gpu);
-  Tensor<C> partials({cuda::norm_backward_partials(problem, true, has_beta)}, test::gpu);
-  cuda::norm_backward(problem,
-                      {.x = x.data(), .gamma = gamma.data(), .dy = widened(dy, ld, nan).to(test::gpu).data(),
-                       .mean = mean.data(), .rstd = rstd.data(), .dx = dx.data(), .dgamma = dgamma.data(),
-                       .dbeta = has_beta ? dbeta.data() : nullptr, .partials = partials.data()},
-                      device);
+  Tensor<T> dgamma({hidden}, test::gpu), dbeta({hidden}, test::gpu), other_sums({hidden}, test::gpu);
+  const Tensor<T> dy_rows = widened(dy, ld, nan).to(test::gpu), other_rows = widened(other, ld, nan).to(test::gpu);
+  cuda::NormBackwardArgs args{.x = x.data(), .gamma = gamma.data(), .dy = dy_rows.data(), .mean = mean.data(),
+                              .rstd = rstd.data(), .dx = dx.data(), .dgamma = dgamma.data(),
+                              .dbeta = has_beta ? dbeta.data() : nullptr, .other = other_rows.data(),
+                              .other_sums = other_sums.data()};
+  Tensor<C> partials({cuda::norm_backward_partials(problem, args)}, test::gpu);
+  args.partials = partials.data();
+  cuda::norm_backward(problem, args, device);
   std::int64_t padding_zeros = 0;
   test::check_close(cropped(y.to(Device::cpu()), hidden, padding_zeros), want.y, tolerance<T>);
   test::check_close(cropped(dx.to(Device::cpu()), hidden, padding_zeros), want.grads[0], tolerance<T>);
   CHECK(padding_zeros == 2 * rows * (ld - hidden));
   test::check_close(dgamma.to(Device::cpu()), want.grads[1], tolerance<T>);
   if (has_beta) test::check_close(dbeta.to(Device::cpu()), want.grads[2], tolerance<T>);
+  test::check_close(other_sums.to(Device::cpu()), other_want, tolerance<T>);
 }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("the GPU norm launchers take rows padded past hidden, and write the padding as zeros", T,
+TEST_CASE_TEMPLATE("the GPU norm launchers take padded rows, write the padding as zeros, and sum other rows", T,
                    TAPEGRAD_GPU_DTYPES) {
   constexpr std::int64_t pack = 16 / sizeof(T);
   std::uint64_t seed = 200;
@@ -197,6 +203,12 @@ TEST_CASE_TEMPLATE("the GPU norm launchers take rows padded past hidden, and wri
   const cuda::NormProblem short_rows{.dtype = dtype_v<T>, .rows = 2, .hidden = 8, .ld = 7};
   CHECK_THROWS_WITH_AS(cuda::norm_forward(short_rows, {}, test::gpu.index),
                        doctest::Contains("norm_forward: rows of 8 elements cannot lie 7 apart"), Error);
+  const Tensor<T> rows = randn<T>({2, 8}, 300).to(test::gpu);
+  const cuda::NormProblem problem{.dtype = dtype_v<T>, .rows = 2, .hidden = 8};
+  CHECK_THROWS_WITH_AS(cuda::norm_backward(problem, {.other = rows.data()}, test::gpu.index),
+                       doctest::Contains("norm_backward: other and other_sums come together (other is set, "
+                                         "other_sums null)"),
+                       Error);
 }
 
 TEST_CASE_TEMPLATE("the GPU norm gradients are bitwise the same on every run", T, float, bf16) {
