@@ -190,10 +190,11 @@ TEST_CASE_TEMPLATE("the GPU norm launchers take padded rows, write the padding a
   constexpr std::int64_t pack = 16 / sizeof(T);
   std::uint64_t seed = 200;
   for (Kind kind : all_kinds) {
-    // A warp per row (7, 1021), the block with the row in registers (1539, 4093; f64 4093 pass by pass), the
-    // padding within the last pack or a whole pack more; and rows padded by a non-multiple of the pack (single
-    // elements).
-    for (std::int64_t hidden : {std::int64_t{7}, std::int64_t{1021}, std::int64_t{1539}, std::int64_t{4093}}) {
+    // A warp per row (7, 1021), the block with the row in registers (1539, 4093, 4096; f64 4093 and 4096 pass by
+    // pass), the padding within the last pack, a whole pack more, or none (4096); and rows padded by a non-multiple
+    // of the pack (single elements).
+    for (std::int64_t hidden : {std::int64_t{7}, std::int64_t{1021}, std::int64_t{1539}, std::int64_t{4093},
+                                std::int64_t{4096}}) {
       const std::int64_t aligned = (hidden + pack - 1) / pack * pack;
       for (std::int64_t ld : {aligned, aligned + pack, hidden + 3}) {
         check_padded_rows<T>(kind, 37, hidden, ld, seed += 20);
