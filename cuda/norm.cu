@@ -414,6 +414,7 @@ std::array<void*, max_partial_sums> column_sums_of(const NormBackwardArgs& args)
   return {args.dgamma, args.dbeta, args.other_sums};
 }
 
+// How many of them are asked for: the partial rows per block of rows.
 std::int64_t sums_wanted(const NormBackwardArgs& args) {
   const auto sums = column_sums_of(args);
   return std::count_if(sums.begin(), sums.end(), [](const void* sum) { return sum != nullptr; });
