@@ -274,6 +274,10 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
 // stages. Up to 16 values per thread (two packs of 16-bit types, four of f32) fit 2 blocks per SM; more take one.
 template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
 constexpr int max_staged_inputs = 3;  // x, dy, other
+// The inputs staged per row: x and dy, and the other rows where their columns are summed.
+template <class S> __host__ __device__ int staged_inputs(const BackwardParams<S>& p) {
+  return p.other_partials ? 3 : 2;
+}
 template <int P> constexpr std::size_t staging_bytes(int inputs) {
   return std::size_t{staged_rows<P>} * static_cast<std::size_t>(inputs) * P * cached_threads * 16;
 }
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
   constexpr int V = rows::wide_pack<S>, stages = staged_rows<P>;
   const rows::RowExtent<V, Padded> m{p.hidden};
   using Raw = Pack<S, V>;
-  const int inputs = p.other_partials ? 3 : 2;
+  const int inputs = staged_inputs(p);
   extern __shared__ uint4 staging[];  // [stage][x, dy, other][pack i][thread], 16 bytes each
   const auto slot = [&](int stage, int input, int i) -> Raw* {
     return reinterpret_cast<Raw*>(&staging[((stage * inputs + input) * P + i) * cached_threads + threadIdx.x]);
@@ -508,7 +512,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
           TAPEGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(staging_bytes<P>(max_staged_inputs))));
           launch_overlapped(launch, kernel, static_cast<unsigned>(blocks), cached_threads,
-                            staging_bytes<P>(args.other ? 3 : 2), p);
+                            staging_bytes<P>(staged_inputs(p)), p);
         });
         if (cached) return;
         rows::dispatch_rows<S>(ld, wide, [&](auto config) {

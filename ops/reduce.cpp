@@ -311,9 +311,9 @@ template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepd
       "max",
       [&](Saved& s, const Tensor<T>& x) {
         s.layout = plan_reduce(x.shape(), axes, keepdim, "max");
-        if (s.layout.n == 0) {
-          throw Error(detail::concat("max: cannot take the maximum over zero elements: shape ", x.shape(),
-                                     " reduced over axes ", axes.empty() ? std::string("(all)") : list_str(axes)));
+        if (s.layout.n == 0) {  // (the axes' text is built only then)
+          check(false, "max", "cannot take the maximum over zero elements: shape ", x.shape(), " reduced over axes ",
+                axes.empty() ? std::string("(all)") : list_str(axes));
         }
         if constexpr (cuda::enabled) {
           if (!x.device().is_cpu()) {
