@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/async_copy.cuh"
@@ -106,8 +107,24 @@ template <class S> struct BackwardParams {
   C* other_partials;   // [chunks, hidden]
   std::int64_t rows, hidden, ld, chunk_rows;
   bool centered;
-  C gamma_offset;  // 1 for zero-centered gamma, else 0
+  C gamma_offset;        // 1 for zero-centered gamma, else 0
+  bool packed_partials;  // the partials are 16-byte aligned
 };
+
+// Pack q's column sums over the block's rows into its partial row of `partials` (if wanted). Where the partials are
+// 16-byte aligned (`packed`) and the rows unpadded, the pack goes out in whole 16-byte stores: one element at a time,
+// a warp's store touches a sector for every 4 bytes.
+template <int V, bool Padded, class C>
+__device__ __forceinline__ void store_partial(C* partials, const rows::RowExtent<V, Padded>& m, std::int64_t q,
+                                              const C (&sums)[V], bool packed) {
+  if (!partials) return;
+  C* row = partials + std::int64_t{blockIdx.x} * m.hidden;
+  if (!Padded && packed) {
+    rows::store(row, q, sums);
+    return;
+  }
+  for (int k = 0; k < V && m.in_row(q, k); ++k) row[q * V + k] = sums[k];
+}
 
 template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(BackwardParams<S> p) {
@@ -188,12 +205,9 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
           for (int k = 0; k < V && r + i < last; ++k) other[k] += v[i][k];
         }
       }
-      const std::int64_t at = blockIdx.x * p.hidden + q * V;
-      for (int k = 0; k < V && m.in_row(q, k); ++k) {
-        if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[k];
-        if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[k];
-        if (p.other_partials) p.other_partials[at + k] = other[k];
-      }
+      store_partial(p.dgamma_partials, m, q, dgamma, p.packed_partials);
+      store_partial(p.dbeta_partials, m, q, dbeta, p.packed_partials);
+      store_partial(p.other_partials, m, q, other, p.packed_partials);
     }
   }
 }
@@ -377,12 +391,9 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
   for (int i = 0; i < P; ++i) {
     const std::int64_t q = cached_pack(i, packs);
     if (q < 0) continue;
-    const std::int64_t at = blockIdx.x * p.hidden + q * V;
-    for (int k = 0; k < V && m.in_row(q, k); ++k) {
-      if (p.dgamma_partials) p.dgamma_partials[at + k] = dgamma[i][k];
-      if (p.dbeta_partials) p.dbeta_partials[at + k] = dbeta[i][k];
-      if (p.other_partials) p.other_partials[at + k] = other[i][k];
-    }
+    store_partial(p.dgamma_partials, m, q, dgamma[i], p.packed_partials);
+    store_partial(p.dbeta_partials, m, q, dbeta[i], p.packed_partials);
+    store_partial(p.other_partials, m, q, other[i], p.packed_partials);
   }
 }
 
@@ -502,7 +513,8 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 ld,
                                 chunk_rows(problem.rows),
                                 problem.centered,
-                                problem.zero_centered_gamma ? C(1) : C(0)};
+                                problem.zero_centered_gamma ? C(1) : C(0),
+                                reinterpret_cast<std::uintptr_t>(args.partials) % 16 == 0};
       const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx, args.other});
       rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
         const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
