@@ -1,6 +1,6 @@
 // Reductions on a GPU: sum, mean and max over every set of axes against the CPU in double, forward and backward;
-// large reductions (chunked, two passes), empty ones, ties and NaNs in max, sum_to on device tensors, and bitwise
-// run-to-run determinism.
+// large reductions (chunked, two passes), empty ones, ties and NaNs in max, sum_to on device tensors, bitwise
+// run-to-run determinism, and the partial-row sums behind the norm's and the MLP's parameter gradients.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/partial_sums.hpp"
 #include "gpu_reference.hpp"
 #include "ops/axes.hpp"
 #include "ops/broadcast.hpp"
@@ -244,4 +245,39 @@ TEST_CASE_TEMPLATE("sum_to on the GPU sums a device gradient down to an operand'
   const Tensor<T> same = randn<T>({2, 3}, 1).to(gpu);
   CHECK(sum_to(same, same.shape()).shares_storage_with(same));
   CHECK_THROWS_WITH_AS(sum_to(same, Shape{4}), doctest::Contains("sum_to"), Error);
+}
+
+// sum_partials (the second stage of the norm's dγ/dβ and the MLP's bias gradients) on its own: the column sums of
+// [rows, width] partials in the compute type against double, for row counts from none to many rows per slice, widths
+// within one tile of columns and across several, partials at any element offset, and the same bits on every run.
+TEST_CASE_TEMPLATE("sum_partials adds partial rows column by column in a fixed order", T, TAPEGRAD_GPU_DTYPES) {
+  using C = compute_t<T>;
+  // One rounding to T as for sum (rtol), but the sums run in C: in f32 but for f64, ~1e-5 off at 1000 rows of randn
+  // (eight slices of 125 rows, then the slices).
+  Tolerance tolerance = sum_tolerance<T>();
+  if constexpr (!std::is_same_v<T, double>) tolerance.atol = 1e-4;
+  std::uint64_t seed = 900;
+  for (const std::int64_t rows : {0, 1, 7, 9, 256, 300, 1000}) {
+    for (const std::int64_t width : {1, 6, 8, 1024, 1027}) {
+      CAPTURE(rows);
+      CAPTURE(width);
+      const Tensor<C> values = randn<C>({rows, width}, ++seed);
+      Tensor<C> shifted({rows * width + 1});  // values one element into the array
+      for (std::int64_t i = 0; i < values.numel(); ++i) shifted.flat(i + 1) = values.flat(i);
+      const Tensor<C> aligned_on_gpu = values.to(gpu), shifted_on_gpu = shifted.to(gpu);
+      const auto column_sums = [&](const C* partials) {
+        Tensor<T> out({width}, gpu);
+        const cuda::PartialSums sum{partials, out.data()};
+        cuda::sum_partials(dtype_v<T>, {&sum, 1}, rows, width, gpu.index);
+        return out.to(host);
+      };
+      const Tensor<T> got = column_sums(aligned_on_gpu.data());
+      check_close(got, sum_to(cast<double>(values), Shape{width}), tolerance);
+      CHECK(bitwise_equal(column_sums(shifted_on_gpu.data() + 1), got));
+      CHECK(bitwise_equal(column_sums(aligned_on_gpu.data()), got));
+    }
+  }
+  const cuda::PartialSums too_many[cuda::max_partial_sums + 1] = {};
+  CHECK_THROWS_WITH_AS(cuda::sum_partials(dtype_v<T>, too_many, 1, 1, gpu.index),
+                       "sum_partials: 4 sums in one launch (at most 3)", Error);
 }
