@@ -134,11 +134,13 @@ template <class T> Tensor<T> cropped(const Tensor<T>& t, std::int64_t cols, std:
 
 // The launchers on rows `ld` apart (x, dy and the backward's other rows padded with NaN, y and dx pre-filled with
 // NaN), against the op on the CPU in double on the unpadded values, and other's column sums against sums in double;
-// the padding of y and dx must come out +0.
+// the padding of y and dx must come out +0. The partials' scratch starts `partials_offset` elements into its array
+// (off 16 bytes, the partial sums are stored element by element).
 template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int64_t hidden, std::int64_t ld,
-                                          std::uint64_t seed) {
+                                          std::uint64_t seed, std::int64_t partials_offset = 0) {
   CAPTURE(hidden);
   CAPTURE(ld);
+  CAPTURE(partials_offset);
   const std::string op = name(kind);
   CAPTURE(op);
   const std::vector<GpuInput> inputs = norm_inputs(kind, {rows, hidden});
@@ -171,8 +173,8 @@ template <class T> void check_padded_rows(Kind kind, std::int64_t rows, std::int
                               .rstd = rstd.data(), .dx = dx.data(), .dgamma = dgamma.data(),
                               .dbeta = has_beta ? dbeta.data() : nullptr, .other = other_rows.data(),
                               .other_sums = other_sums.data()};
-  Tensor<C> partials({cuda::norm_backward_partials(problem, args)}, test::gpu);
-  args.partials = partials.data();
+  Tensor<C> partials({cuda::norm_backward_partials(problem, args) + partials_offset}, test::gpu);
+  args.partials = partials.data() + partials_offset;
   cuda::norm_backward(problem, args, device);
   std::int64_t padding_zeros = 0;
   test::check_close(cropped(y.to(Device::cpu()), hidden, padding_zeros), want.y, tolerance<T>);
@@ -192,13 +194,14 @@ TEST_CASE_TEMPLATE("the GPU norm launchers take padded rows, write the padding a
   for (Kind kind : all_kinds) {
     // A warp per row (7, 1021), the block with the row in registers (1539, 4093, 4096; f64 4093 and 4096 pass by
     // pass), the padding within the last pack, a whole pack more, or none (4096); and rows padded by a non-multiple
-    // of the pack (single elements).
+    // of the pack (single elements). Unpadded rows once more with the partials' scratch off 16 bytes.
     for (std::int64_t hidden : {std::int64_t{7}, std::int64_t{1021}, std::int64_t{1539}, std::int64_t{4093},
                                 std::int64_t{4096}}) {
       const std::int64_t aligned = (hidden + pack - 1) / pack * pack;
       for (std::int64_t ld : {aligned, aligned + pack, hidden + 3}) {
         check_padded_rows<T>(kind, 37, hidden, ld, seed += 20);
       }
+      if (hidden == aligned) check_padded_rows<T>(kind, 37, hidden, hidden, seed += 20, 1);
     }
   }
   const cuda::NormProblem short_rows{.dtype = dtype_v<T>, .rows = 2, .hidden = 8, .ld = 7};
