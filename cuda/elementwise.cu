@@ -286,8 +286,6 @@ __global__ void __launch_bounds__(threads_per_block, 3)
   }
 }
 
-bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 // How the staged kernel runs `program` in groups of V elements, or nothing when it cannot: every output and
 // staged input 16-byte aligned, and for a broadcast layout, rows a multiple of V long whose staged inputs start
 // each row on a 16-byte boundary.

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdint>
 #include <type_traits>
 
 #include "cuda/async_copy.cuh"
@@ -514,7 +513,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 chunk_rows(problem.rows),
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0),
-                                reinterpret_cast<std::uintptr_t>(args.partials) % 16 == 0};
+                                aligned_16(args.partials)};
       const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx, args.other});
       rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
         const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {

@@ -67,7 +67,7 @@ void copy_rows(DType dtype, const void* src, std::int64_t rows, std::int64_t col
   dispatch_size(dtype_size(dtype), "copy_rows", [&](auto unit) {
     using E = decltype(unit);
     const RowCopy<E> c{static_cast<const E*>(src), static_cast<E*>(dst), rows, cols, dst_rows, dst_cols};
-    const bool packed = dst_cols % (16 / sizeof(E)) == 0 && reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
+    const bool packed = dst_cols % (16 / sizeof(E)) == 0 && aligned_16(dst);
     // A row's stretches on x; rows on y, about one wave of blocks in all (8 per SM), each block then taking several
     // rows (at most the hardware's 65535 on y).
     const std::int64_t x = std::min<std::int64_t>((dst_cols + span - 1) / span, launch.blocks_for(dst_cols, threads));

@@ -160,7 +160,7 @@ template <class S> constexpr int wide_pack = static_cast<int>(16 / sizeof(S));
 template <class S> bool packs_fit(std::int64_t n, std::initializer_list<const void*> pointers) {
   if (n % wide_pack<S> != 0) return false;
   for (const void* p : pointers) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    if (!aligned_16(p)) return false;
   }
   return true;
 }
