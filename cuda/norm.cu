@@ -175,17 +175,18 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
     }
   }
 
-  // Phase 2: each thread its columns, over the chunk's rows in order.
+  // Phase 2: each thread its columns, over the chunk's rows in order. A padded row's columns past hidden are summed
+  // too, whatever they hold, and never stored (store_partial): the loads need no mask.
   if (p.dgamma_partials || p.dbeta_partials || p.other_partials) {
     const std::int64_t column_packs = Padded ? (p.hidden + V - 1) / V : p.hidden / V;
     for (std::int64_t q = threadIdx.x; q < column_packs; q += blockDim.x) {
       C dgamma[V] = {}, dbeta[V] = {}, other[V] = {};
       for (std::int64_t r = first; r < last && (p.dgamma_partials || p.dbeta_partials); ++r) {
         C dyv[V];
-        m.load(p.dy + r * p.ld, q, dyv);  // 0 past the row's end: adds nothing below
+        rows::load(p.dy + r * p.ld, q, dyv);
         if (p.dgamma_partials) {
           C xv[V];
-          m.load(p.x + r * p.ld, q, xv);
+          rows::load(p.x + r * p.ld, q, xv);
           const C mean = mean_of(r), rstd = p.rstd[r];
           for (int k = 0; k < V; ++k) dgamma[k] += dyv[k] * ((xv[k] - mean) * rstd);
         }
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
         C v[in_flight][V];
 #pragma unroll
         for (int i = 0; i < in_flight; ++i) {
-          if (r + i < last) m.load(p.other + (r + i) * p.ld, q, v[i]);
+          if (r + i < last) rows::load(p.other + (r + i) * p.ld, q, v[i]);
         }
 #pragma unroll
         for (int i = 0; i < in_flight; ++i) {
@@ -345,9 +346,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
       }
       if (p.other_partials) {
         const Raw other_pack = *slot(stage, 2, i);
-        for (int k = 0; k < V; ++k) {
-          if (m.in_row(q, k)) other[i][k] += to_compute<C>(other_pack.v[k]);
-        }
+        for (int k = 0; k < V; ++k) other[i][k] += to_compute<C>(other_pack.v[k]);  // past hidden: never stored
       }
     }
     fetch(r + stages, stage);  // the stage is read: refill it
