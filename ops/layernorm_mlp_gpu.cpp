@@ -19,6 +19,7 @@
 
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/activation_math.hpp"  // quick_gelu_alpha
 #include "cuda/blaslt.hpp"
@@ -84,24 +85,47 @@ template <class T> MlpDims padded_dims(const MlpDims& d) {
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
 
-// t in the leading corner of a tensor of `shape`, zero elsewhere (padding), or the leading corner `shape` of t
-// (cropping), in one pass; t itself where it has that shape. Only the first and last axes may differ: the copy then
-// moves whole rows of the last axis, rows added or dropped at the end.
-template <class T> Tensor<T> resized(const Tensor<T>& t, const Shape& shape) {
-  if (t.shape() == shape) return t;
-  const int rank = shape.rank();
-  bool alike = rank > 0 && t.shape().rank() == rank;
-  for (int a = 1; alike && a + 1 < rank; ++a) alike = t.shape().dim(a) == shape.dim(a);
-  check(alike, "layernorm_mlp", "cannot resize ", t.shape(), " to ", shape,
-        " (only the first and last axes may differ)");
-  const auto rows = [](const Shape& s) {
+// Tensors resized together, in one launch (a step's paddings, or its crops): add(t, shape) is t in the leading corner
+// of a tensor of `shape`, zero elsewhere (padding), or the leading corner `shape` of t (cropping); t itself where it
+// has that shape. The tensor it returns holds the copy once run() has queued it. Only the first and last axes may
+// differ: a copy moves whole rows of the last axis, rows added or dropped at the end.
+template <class T> class Resizes {
+ public:
+  Tensor<T> add(const Tensor<T>& t, const Shape& shape) {
+    if (t.shape() == shape) return t;
+    const int rank = shape.rank();
+    bool alike = rank > 0 && t.shape().rank() == rank;
+    for (int a = 1; alike && a + 1 < rank; ++a) alike = t.shape().dim(a) == shape.dim(a);
+    check(alike, "layernorm_mlp", "cannot resize ", t.shape(), " to ", shape,
+          " (only the first and last axes may differ)");
+    if (copies_.size() == cuda::max_row_copies) run();
+    Tensor<T> out(shape, t.device());
+    copies_.push_back(
+        {t.data(), rows(t.shape()), t.shape().dim(rank - 1), out.data(), rows(shape), shape.dim(rank - 1)});
+    sources_.push_back(t);  // a temporary (a cast) stays alive until its copy is queued
+    return out;
+  }
+  void run() {
+    if (copies_.empty()) return;
+    cuda::copy_rows(dtype_v<T>, copies_, sources_.front().device().index);
+    copies_.clear();
+    sources_.clear();
+  }
+
+ private:
+  static std::int64_t rows(const Shape& s) {
     std::int64_t n = 1;
     for (int a = 0; a + 1 < s.rank(); ++a) n *= s.dim(a);
     return n;
-  };
-  Tensor<T> out(shape, t.device());
-  cuda::copy_rows(dtype_v<T>, t.data(), rows(t.shape()), t.shape().dim(rank - 1), out.data(), rows(shape),
-                  shape.dim(rank - 1), t.device().index);
+  }
+  std::vector<cuda::RowCopy> copies_;
+  std::vector<Tensor<T>> sources_;
+};
+
+template <class T> Tensor<T> resized(const Tensor<T>& t, const Shape& shape) {
+  Resizes<T> one;
+  Tensor<T> out = one.add(t, shape);
+  one.run();
   return out;
 }
 
@@ -116,7 +140,12 @@ template <class P, class T> class ParamGrad {
   ParamGrad(const Shape& shape, const Shape& padded_shape, Device device)
       : shape_(shape), written_(padded_shape, device) {}
   void* data() { return written_.data(); }
-  Tensor<P> result() const {
+  // The gradient in P. Given `crops` where P is T, its crop is queued there (the tensor returned holds it once they
+  // have run); otherwise cropped and cast now, which frees the gradient in C early.
+  Tensor<P> result(Resizes<T>* crops = nullptr) const {
+    if constexpr (std::is_same_v<P, T>) {
+      if (crops) return crops->add(written_, shape_);
+    }
     const Tensor<Written> out = resized(written_, shape_);
     if constexpr (std::is_same_v<P, Written>) return out;
     else return cast<P>(out);
@@ -178,19 +207,19 @@ template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64
 // [K1, K2] (of `padded_shape`), cropped to `shape`.
 template <class P, class T>
 Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1, std::int64_t k2,
-                          const Shape& shape, const Shape& padded_shape) {
+                          const Shape& shape, const Shape& padded_shape, Resizes<T>* crops = nullptr) {
   ParamGrad<P, T> out(shape, padded_shape, a.device());
   product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
-  return out.result();
+  return out.result(crops);
 }
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
 
 // From z and dy (padded): da = dy · W2ᵀ, then the activation kernel writes dz over z and a = act(z) over da (for
-// dW2), and sums db1 from its partial rows; db1 and dW2 go into g. Returns dz (z's memory).
+// dW2), and sums db1 from its partial rows; db1 and dW2 go into g (their crops onto `crops`). Returns dz (z's memory).
 template <class P, class T>
 Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const MlpNeeds& need,
-                              DeviceMlpGrads<T, P>& g) {
+                              DeviceMlpGrads<T, P>& g, Resizes<T>& crops) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
@@ -210,9 +239,9 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
                                  .partials = db1 ? partials.data() : nullptr,
                                  .wide_dbias = ParamGrad<P, T>::wide},
                                 M, Fp);
-  if (db1) g.db1 = db1->result();
+  if (db1) g.db1 = db1->result(&crops);
   partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
-  if (need.w2) g.dw2 = weight_gradient<P>(da, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});  // da holds a now
+  if (need.w2) g.dw2 = weight_gradient<P>(da, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp}, &crops);  // da holds a
   return z;
 }
 
@@ -234,13 +263,15 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
             .ld = Hp,
             .centered = options.norm == NormType::layernorm,
             .zero_centered_gamma = options.zero_centered_gamma};
-  s.x = resized(x.reshape(Shape{M, H}), Shape{M, Hp});
+  Resizes<T> pads;
+  s.x = pads.add(x.reshape(Shape{M, H}), Shape{M, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = resized(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
-  s.w2 = resized(cast<T>(params.w2), Shape{Fp, Hp});
-  if (params.b1) s.b1 = resized(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
-  if (params.b2) s.b2 = resized(cast<T>(*params.b2), Shape{Hp});
+  s.w1 = pads.add(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
+  s.w2 = pads.add(cast<T>(params.w2), Shape{Fp, Hp});
+  if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
+  if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
+  pads.run();
   s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
   s.rstd = Tensor<C>(Shape{M}, device);
 
@@ -284,11 +315,16 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
     return g;
   }
-  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, need, g);
-  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp});
+  // The gradients that come out padded (db1, dW2, dW1, dx) are cropped together at the end, in one launch.
+  Resizes<T> crops;
+  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, need, g, crops);
+  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp}, &crops);
   h = Tensor<T>();
   s.h = Tensor<T>();
-  if (!need_dh) return g;
+  if (!need_dh) {
+    crops.run();
+    return g;
+  }
 
   // dh, padded, into a fresh tensor (the product adds it to the returned h's gradient where there is one).
   Tensor<T> dh;
@@ -318,7 +354,8 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, args)}, device);
   args.partials = partials.data();
   cuda::norm_backward(s.norm, args, device.index);
-  if (need.x) g.dx = resized(dx, Shape{M, H});
+  if (need.x) g.dx = crops.add(dx, Shape{M, H});
+  crops.run();
   if (dgamma) g.dgamma = dgamma->result();
   if (dbeta) g.dbeta = dbeta->result();
   if (db2) g.db2 = db2->result();

@@ -216,16 +216,32 @@ TEST_CASE_TEMPLATE("the strided copy moves integer elements like any others", I,
   }
 }
 
+namespace {
+
+struct RowCopyCase {
+  std::int64_t rows, cols, dst_rows, dst_cols;
+};
+
+// x [rows, cols] copied as copy_rows does: x's element where the destination has it, zero bits elsewhere.
+template <class T> Tensor<T> copied_rows(const Tensor<T>& x, const RowCopyCase& c) {
+  Tensor<T> want({c.dst_rows, c.dst_cols});
+  for (std::int64_t r = 0; r < c.dst_rows; ++r) {
+    for (std::int64_t j = 0; j < c.dst_cols; ++j) {
+      want.flat(r * c.dst_cols + j) = r < c.rows && j < c.cols ? x.flat(r * c.cols + j) : convert<T>(0.0);
+    }
+  }
+  return want;
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE("copy_rows pads with zero bits and crops, rows and columns, in one pass", T, TAPEGRAD_GPU_DTYPES) {
-  struct Case {
-    std::int64_t rows, cols, dst_rows, dst_cols;
-  };
   // Whole 16-byte packs per destination row or not, growing and shrinking on either axis, rows longer than a
   // block's 2048 elements, one row, empty sides.
-  const Case cases[] = {{33, 70, 40, 72},   {33, 69, 33, 75},   {40, 72, 33, 70}, {33, 70, 35, 64},
-                        {3, 5000, 2, 4999}, {2, 4000, 3, 4104}, {1, 1021, 1, 1024}, {0, 0, 3, 8},
-                        {5, 7, 0, 7}};
-  for (const Case& c : cases) {
+  const RowCopyCase cases[] = {{33, 70, 40, 72},   {33, 69, 33, 75},   {40, 72, 33, 70}, {33, 70, 35, 64},
+                               {3, 5000, 2, 4999}, {2, 4000, 3, 4104}, {1, 1021, 1, 1024}, {0, 0, 3, 8},
+                               {5, 7, 0, 7}};
+  for (const RowCopyCase& c : cases) {
     CAPTURE(c.rows);
     CAPTURE(c.cols);
     CAPTURE(c.dst_rows);
@@ -233,14 +249,31 @@ TEST_CASE_TEMPLATE("copy_rows pads with zero bits and crops, rows and columns, i
     const Tensor<T> x = randn<T>({c.rows, c.cols}, 11);
     Tensor<T> out = randn<T>({c.dst_rows, c.dst_cols}, 12, 0, 1, gpu);  // every element must be written
     cuda::copy_rows(dtype_v<T>, x.to(gpu).data(), c.rows, c.cols, out.data(), c.dst_rows, c.dst_cols, gpu.index);
-    Tensor<T> want({c.dst_rows, c.dst_cols});
-    for (std::int64_t r = 0; r < c.dst_rows; ++r) {
-      for (std::int64_t j = 0; j < c.dst_cols; ++j) {
-        want.flat(r * c.dst_cols + j) = r < c.rows && j < c.cols ? x.flat(r * c.cols + j) : convert<T>(0.0);
-      }
-    }
-    CHECK(bitwise_equal(out.to(host), want));
+    CHECK(bitwise_equal(out.to(host), copied_rows(x, c)));
   }
+}
+
+TEST_CASE_TEMPLATE("copy_rows does several copies of very different sizes in one launch", T, TAPEGRAD_GPU_DTYPES) {
+  // A large padding beside small ones (their share of the blocks is one), a crop, packed and element-wise
+  // destinations, an empty copy among them: layernorm_mlp's x, W1, W2, b1, b2 of an odd hidden size.
+  const std::vector<RowCopyCase> cases = {
+      {300, 1021, 304, 1024}, {1021, 4093, 1024, 4096}, {1, 5, 1, 8}, {0, 0, 0, 0}, {17, 3, 17, 3}, {9, 33, 7, 30}};
+  std::vector<Tensor<T>> inputs, outputs;
+  std::vector<cuda::RowCopy> copies;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const RowCopyCase& c = cases[i];
+    inputs.push_back(randn<T>({c.rows, c.cols}, 20 + i).to(gpu));
+    outputs.push_back(randn<T>({c.dst_rows, c.dst_cols}, 40 + i, 0, 1, gpu));
+    copies.push_back({inputs[i].data(), c.rows, c.cols, outputs[i].data(), c.dst_rows, c.dst_cols});
+  }
+  cuda::copy_rows(dtype_v<T>, copies, gpu.index);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    CHECK(bitwise_equal(outputs[i].to(host), copied_rows(inputs[i].to(host), cases[i])));
+  }
+  copies.resize(cuda::max_row_copies + 1, copies.front());
+  CHECK_THROWS_WITH_AS(cuda::copy_rows(dtype_v<T>, copies, gpu.index), "copy_rows: 9 copies in one launch (at most 8)",
+                       Error);
 }
 
 // ---- casts -------------------------------------------------------------------------------------------------------
