@@ -16,8 +16,9 @@
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
 // must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: x, its parameters, h, dy
 // and everything between the GEMMs take the padded sizes with zeros in the padding (which keeps the padded z, da, dz
-// zero there and adds nothing to y, dh or the gradients), and y, dx and the other gradients are cropped out. The
-// norm reads and writes the padded rows (cuda::NormProblem::ld), so it keeps its 16-byte loads.
+// zero there and adds nothing to y, dh or the gradients), and y, dx and the other gradients are cropped out (x and
+// the parameters padded in one launch, the backward's crops in one). The norm reads and writes the padded rows
+// (cuda::NormProblem::ld), so it keeps its 16-byte loads.
 #pragma once
 
 #include <cstdint>
