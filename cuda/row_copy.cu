@@ -113,10 +113,4 @@ void copy_rows(DType dtype, std::span<const RowCopy> copies, int device) {
   });
 }
 
-void copy_rows(DType dtype, const void* src, std::int64_t rows, std::int64_t cols, void* dst, std::int64_t dst_rows,
-               std::int64_t dst_cols, int device) {
-  const RowCopy copy{src, rows, cols, dst, dst_rows, dst_cols};
-  copy_rows(dtype, std::span(&copy, 1), device);
-}
-
 }  // namespace tapegrad::cuda

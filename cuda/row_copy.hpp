@@ -25,8 +25,4 @@ constexpr int max_row_copies = 8;
 // moves bits), on `device`'s current stream.
 void copy_rows(DType dtype, std::span<const RowCopy> copies, int device);
 
-// One copy.
-void copy_rows(DType dtype, const void* src, std::int64_t rows, std::int64_t cols, void* dst, std::int64_t dst_rows,
-               std::int64_t dst_cols, int device);
-
 }  // namespace tapegrad::cuda

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -248,7 +249,9 @@ TEST_CASE_TEMPLATE("copy_rows pads with zero bits and crops, rows and columns, i
     CAPTURE(c.dst_cols);
     const Tensor<T> x = randn<T>({c.rows, c.cols}, 11);
     Tensor<T> out = randn<T>({c.dst_rows, c.dst_cols}, 12, 0, 1, gpu);  // every element must be written
-    cuda::copy_rows(dtype_v<T>, x.to(gpu).data(), c.rows, c.cols, out.data(), c.dst_rows, c.dst_cols, gpu.index);
+    const Tensor<T> x_gpu = x.to(gpu);
+    const cuda::RowCopy copy{x_gpu.data(), c.rows, c.cols, out.data(), c.dst_rows, c.dst_cols};
+    cuda::copy_rows(dtype_v<T>, std::span(&copy, 1), gpu.index);
     CHECK(bitwise_equal(out.to(host), copied_rows(x, c)));
   }
 }
