@@ -28,6 +28,7 @@
 
 #include "autodiff/var.hpp"
 #include "tensor/factories.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
 
@@ -128,15 +129,27 @@ inline void check_input(const std::string& name, std::size_t i, const VarSlot& s
 }
 // A node's inputs are usable and on one device (which one is the op's business: its forward gets the tensors).
 template <class... Ts> void check_inputs(const std::string& name, const Var<Ts>&... inputs) {
+  check_defined_inputs(name, inputs...);
   [[maybe_unused]] std::size_t i = 0;
   (check_input(name, i++, *inputs.slot()), ...);
   if constexpr (sizeof...(Ts) > 0) check_same_device(name, inputs...);
 }
 template <class T> void check_inputs(const std::string& name, const std::vector<Var<T>>& inputs) {
+  check_defined_inputs(name, inputs);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     check_input(name, i, *inputs[i].slot());
     check_device_matches(name, inputs[0].device(), i, inputs[i].device());
   }
+}
+
+// Throws naming the first undefined output tensor that a forward returned.
+template <class... Rs> void check_outputs(const std::string& name, const Tensor<Rs>&... outputs) {
+  std::size_t k = 0;
+  const auto check_one = [&](bool defined) {
+    if (!defined) [[unlikely]] throw_undefined_tensor(name, concat("output ", k, " of its forward"));
+    ++k;
+  };
+  (check_one(outputs.defined()), ...);
 }
 
 // The node of a custom op over a list of inputs of one dtype, with one output.
@@ -169,8 +182,9 @@ template <class Saved, class Forward, class Backward, class... Ts>
 auto custom_op(std::string name, Forward&& forward, Backward&& backward, const Var<Ts>&... inputs) {
   detail::check_inputs(name, inputs...);
   Saved saved{};
-  auto outputs = detail::as_tuple(forward(saved, inputs.value()...));
+  auto outputs = run_op(name, [&] { return detail::as_tuple(forward(saved, inputs.value()...)); });
   using Elements = typename detail::element_types<decltype(outputs)>::type;
+  std::apply([&](const auto&... outs) { detail::check_outputs(name, outs...); }, outputs);
   const bool record = grad_enabled() && (inputs.requires_grad() || ...);
 
   auto vars = std::apply(
@@ -208,7 +222,8 @@ Var<T> custom_op(std::string name, Forward&& forward, Backward&& backward, const
     any_requires_grad = any_requires_grad || x.requires_grad();
   }
   Saved saved{};
-  Tensor<T> output = forward(saved, std::as_const(values));
+  Tensor<T> output = run_op(name, [&] { return forward(saved, std::as_const(values)); });
+  detail::check_outputs(name, output);
   const bool record = grad_enabled() && any_requires_grad;
   Var<T> y(std::move(output), record);
   if (record) {

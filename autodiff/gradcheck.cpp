@@ -141,6 +141,10 @@ GradcheckResult gradcheck(const GradcheckFunction& f, const std::vector<Tensor<d
                           const GradcheckOptions& options) {
   check(!inputs.empty(), "gradcheck", "no inputs given");
   check(options.eps > 0, "gradcheck", "eps must be positive, got ", options.eps);
+  check(std::isfinite(options.eps), "gradcheck", "eps must be finite, got ", options.eps);
+  // A NaN tolerance makes every comparison false, which would pass everything.
+  check(options.atol >= 0 && options.rtol >= 0, "gradcheck", "atol and rtol must be non-negative numbers, got ",
+        options.atol, " and ", options.rtol);
   Checker c{f, {}, options, {}};
   for (const auto& t : inputs) c.x.push_back(t.clone());
   if (options.fast_mode) {

@@ -13,6 +13,9 @@ namespace tapegrad {
 
 class Node;
 class Tape;
+namespace detail {
+struct TapeEpoch;
+}  // namespace detail
 
 // What the tape needs of a variable regardless of its dtype.
 class VarSlot {
@@ -30,8 +33,8 @@ class VarSlot {
   bool retains_grad = false;
   Node* creator = nullptr;              // null for leaves; valid while `recording` has not expired
   Tape* tape = nullptr;                 // the tape `creator` is on; same validity
-  std::weak_ptr<const void> recording;  // the tape epoch the creator belongs to
-  std::size_t output_index = 0;             // which output of `creator` this is
+  std::weak_ptr<const detail::TapeEpoch> recording;  // the tape epoch the creator belongs to
+  std::size_t output_index = 0;         // which output of `creator` this is
 
   bool is_leaf() const { return creator == nullptr; }
   // True for a non-leaf whose tape has been cleared (or destroyed) since it was recorded.

@@ -1,20 +1,65 @@
 #include "autodiff/tape.hpp"
 
+#include <mutex>
+#include <thread>
+
 #include "tensor/error.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
+
+namespace detail {
+// Which thread uses a tape. The tape's epochs share it, so that a thread holding only a variable's epoch can ask
+// without touching the tape itself.
+struct TapeOwner {
+  std::mutex mutex;
+  Tape* tape = nullptr;    // null once the tape is being destroyed
+  std::thread::id thread;  // the thread using it, while `uses` > 0
+  std::size_t uses = 0;
+};
+struct TapeEpoch {
+  std::shared_ptr<TapeOwner> owner;
+};
+}  // namespace detail
 
 namespace {
 thread_local Tape* active_tape = nullptr;
 thread_local bool grad_mode = true;
+
+std::shared_ptr<const detail::TapeEpoch> new_epoch(const std::shared_ptr<detail::TapeOwner>& owner) {
+  return std::make_shared<const detail::TapeEpoch>(detail::TapeEpoch{owner});
+}
+
+// Marks `owner`'s tape as used by this thread once more; throws naming `op` when another thread uses it.
+Tape& claim(detail::TapeOwner& owner, std::string_view op) {
+  const std::lock_guard lock(owner.mutex);
+  if (owner.tape == nullptr) {
+    throw AutodiffError(detail::concat(op, ": the tape has been destroyed"));
+  }
+  if (owner.uses > 0 && owner.thread != std::this_thread::get_id()) {
+    throw AutodiffError(detail::concat(
+        op, ": the tape is in use by another thread (active there, or running backward); a tape is used by one thread "
+            "at a time: do this in that thread, or record on a Tape of this thread's own (TapeScope)"));
+  }
+  owner.thread = std::this_thread::get_id();
+  ++owner.uses;
+  return *owner.tape;
+}
 }  // namespace
 
-Tape::Tape() : epoch_(std::make_shared<char>()) {}
-Tape::~Tape() = default;
+Tape::Tape() : owner_(std::make_shared<detail::TapeOwner>()), epoch_(new_epoch(owner_)) { owner_->tape = this; }
+
+Tape::~Tape() {
+  const std::lock_guard lock(owner_->mutex);
+  owner_->tape = nullptr;
+}
 
 Tape& Tape::active() {
   if (active_tape == nullptr) {
+    // A thread's default tape is in use by it for as long as the thread lives: never released, so that no other
+    // thread can take it up while it is destroyed at the thread's exit.
     thread_local Tape default_tape;
+    [[maybe_unused]] thread_local const bool claimed = (claim(*default_tape.owner_, "Tape::active"), true);
     active_tape = &default_tape;
   }
   return *active_tape;
@@ -33,8 +78,9 @@ void Tape::record(std::unique_ptr<Node> node) {
 }
 
 void Tape::clear() {
+  const TapeUse use(*this, "Tape::clear");
   nodes_.clear();
-  epoch_ = std::make_shared<char>();
+  epoch_ = new_epoch(owner_);
 }
 
 void Tape::backward(VarSlot& root, bool retain_graph) {
@@ -69,7 +115,7 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
                           "' a second time, but its saved tensors were freed after the first backward; pass "
                           "retain_graph = true to the first backward to keep them");
     }
-    node.backward();
+    run_op(node.name(), [&] { node.backward(); });
     for (auto& out : node.outputs) {
       if (auto slot = out.lock()) {
         if (slot->retains_grad) slot->keep_pending();
@@ -83,7 +129,24 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
   }
 }
 
-TapeScope::TapeScope(Tape& tape) : previous_(&Tape::active()) { active_tape = &tape; }
+TapeUse::TapeUse(Tape& tape, std::string_view op) : owner_(tape.owner_), tape_(&claim(*owner_, op)) {}
+
+TapeUse::TapeUse(const VarSlot& root, std::string_view op) {
+  const std::shared_ptr<const detail::TapeEpoch> epoch = root.recording.lock();
+  if (!epoch) {
+    throw AutodiffError(detail::concat(op, ": the output of shape ", root.shape(),
+                                       " was recorded on a tape that has since been cleared"));
+  }
+  owner_ = epoch->owner;
+  tape_ = &claim(*owner_, op);
+}
+
+TapeUse::~TapeUse() {
+  const std::lock_guard lock(owner_->mutex);
+  --owner_->uses;
+}
+
+TapeScope::TapeScope(Tape& tape) : use_(tape, "TapeScope"), previous_(&Tape::active()) { active_tape = &tape; }
 TapeScope::~TapeScope() { active_tape = previous_; }
 
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }

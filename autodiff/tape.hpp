@@ -3,15 +3,25 @@
 //
 // Each thread has its own active tape (a default one, or one made active with TapeScope). Variables keep a weak
 // reference to the tape epoch they were recorded in, so a variable from a cleared tape is detected, not used.
+//
+// A tape is used by one thread at a time: the thread it is active in (a thread's default tape, or a TapeScope's
+// tape until the scope ends), or the thread running backward on it. Another thread's TapeScope, backward or clear
+// on a tape in use is refused with an AutodiffError; once the scope ends (or the backward returns), any thread may
+// use it. A tape that no thread uses is free to be taken up by any.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "autodiff/node.hpp"
 
 namespace tapegrad {
+
+namespace detail {
+struct TapeOwner;
+}  // namespace detail
 
 class Tape {
  public:
@@ -28,18 +38,40 @@ class Tape {
   const Node& node(std::size_t i) const { return *nodes_[i]; }
   // Drops every node. Non-leaf variables recorded so far become stale; leaves (parameters) are untouched.
   void clear();
-  std::weak_ptr<const void> epoch() const { return epoch_; }
 
-  // Runs the reverse pass from `root`, whose pending gradient the caller has seeded.
+  // Runs the reverse pass from `root`, whose pending gradient the caller has seeded while holding a TapeUse of this
+  // tape.
   void backward(VarSlot& root, bool retain_graph);
 
  private:
+  friend class TapeUse;
   void run_backward(std::size_t last, bool retain_graph);
   std::vector<std::unique_ptr<Node>> nodes_;
-  std::shared_ptr<const void> epoch_;
+  std::shared_ptr<detail::TapeOwner> owner_;
+  std::shared_ptr<const detail::TapeEpoch> epoch_;
 };
 
-// Makes `tape` the active tape of this thread until the scope ends.
+// This thread's use of a tape while it lives (see the top of this file); nested uses in one thread are fine.
+class TapeUse {
+ public:
+  // Throws AutodiffError naming `op` when another thread uses `tape`.
+  TapeUse(Tape& tape, std::string_view op);
+  // The tape that `root` (a non-leaf) was recorded on. Throws AutodiffError naming `op` when that tape has been
+  // cleared or destroyed since, or another thread uses it.
+  TapeUse(const VarSlot& root, std::string_view op);
+  ~TapeUse();
+  TapeUse(const TapeUse&) = delete;
+  TapeUse& operator=(const TapeUse&) = delete;
+
+  Tape& tape() const { return *tape_; }
+
+ private:
+  std::shared_ptr<detail::TapeOwner> owner_;
+  Tape* tape_;
+};
+
+// Makes `tape` the active tape of this thread until the scope ends. Throws AutodiffError when another thread uses
+// `tape`.
 class TapeScope {
  public:
   explicit TapeScope(Tape& tape);
@@ -48,6 +80,7 @@ class TapeScope {
   TapeScope& operator=(const TapeScope&) = delete;
 
  private:
+  TapeUse use_;
   Tape* previous_;
 };
 

@@ -1,11 +1,35 @@
 #include "autodiff/var.hpp"
 
+#include <array>
+#include <cstdint>
+#include <mutex>
+
 #include "cuda/elementwise.hpp"
 #include "cuda/enabled.hpp"
 #include "tensor/eigen.hpp"
 #include "tensor/factories.hpp"
 
 namespace tapegrad {
+
+namespace detail {
+void throw_undefined_var(std::string_view op, std::string_view what) {
+  throw Error(concat(op, ": ", what,
+                     " is undefined (a default-constructed Var, holding no value); assign it a Var made by param(), "
+                     "constant() or an op first"));
+}
+void throw_undefined_input(std::string_view op, std::size_t input) {
+  throw_undefined_var(op, concat("input ", input));
+}
+}  // namespace detail
+
+namespace {
+// Leaves (parameters) may be shared by the tapes of several threads, whose backward passes then add into one
+// gradient: those additions take turns, under one of a few locks chosen by the leaf's address.
+std::mutex& leaf_lock(const void* leaf) {
+  static std::array<std::mutex, 64> locks;
+  return locks[(reinterpret_cast<std::uintptr_t>(leaf) / alignof(std::max_align_t)) % locks.size()];
+}
+}  // namespace
 
 template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g) {
   if (!sum.defined()) {
@@ -37,10 +61,17 @@ template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, std::string_v
     throw AutodiffError(node() + ": backward returned a gradient on " + g.device().str() + " for an input on " +
                         value.device().str());
   }
-  add_into(is_leaf() ? grad : pending, g);
+  if (!is_leaf()) {
+    add_into(pending, g);  // a non-leaf belongs to one tape, which one thread at a time runs backward on
+    return;
+  }
+  const std::lock_guard lock(leaf_lock(this));
+  add_into(grad, g);
 }
 
 template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardOptions options) {
+  if (!y.defined()) detail::throw_undefined_var("backward", "the output");
+  check_defined(dy, "backward", "the seed gradient");
   auto& slot = *y.slot();
   if (!slot.requires_grad) {
     throw AutodiffError("backward: the output of shape " + y.shape().str() +
@@ -58,11 +89,17 @@ template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardO
     throw AutodiffError("backward: the seed gradient is on " + dy.device().str() + " but the output is on " +
                         y.device().str());
   }
+  if (slot.is_leaf()) {
+    slot.accumulate(dy, "backward (seed gradient)");
+    return;
+  }
+  const TapeUse use(slot, "backward");  // before the seed: a refused backward leaves nothing behind
   slot.accumulate(dy, "backward (seed gradient)");
-  if (!slot.is_leaf()) slot.tape->backward(slot, options.retain_graph);
+  use.tape().backward(slot, options.retain_graph);
 }
 
 template <class T> void backward(const Var<T>& y, BackwardOptions options) {
+  if (!y.defined()) detail::throw_undefined_var("backward", "the output");
   if (y.numel() != 1) {
     throw AutodiffError("backward: output of shape " + y.shape().str() +
                         " is not a scalar; pass a seed gradient of that shape: backward(y, dy)");

@@ -7,11 +7,19 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "autodiff/node.hpp"
 #include "autodiff/tape.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
+
+namespace detail {
+// "<op>: <what> is undefined (a default-constructed Var, ...)"
+[[noreturn]] void throw_undefined_var(std::string_view op, std::string_view what);
+[[noreturn]] void throw_undefined_input(std::string_view op, std::size_t input);
+}  // namespace detail
 
 template <class T> class VarImpl final : public VarSlot {
  public:
@@ -40,7 +48,9 @@ template <class T> class VarImpl final : public VarSlot {
 template <class T> class Var {
  public:
   Var() = default;  // undefined; `defined()` is false
-  explicit Var(Tensor<T> value, bool requires_grad = false) : impl_(std::make_shared<VarImpl<T>>(std::move(value))) {
+  // Throws when `value` is undefined: a defined Var always holds a tensor.
+  explicit Var(Tensor<T> value, bool requires_grad = false)
+      : impl_(std::make_shared<VarImpl<T>>((check_defined(value, "Var", "the value"), std::move(value)))) {
     impl_->requires_grad = requires_grad;
   }
   // Evaluates (and records) a lazy expression that yields a Var<T>, such as `a * b + exp(c)`.
@@ -75,7 +85,7 @@ template <class T> class Var {
 
  private:
   VarImpl<T>& impl() const {
-    if (!impl_) throw Error("Var: use of an undefined variable");
+    if (!impl_) [[unlikely]] detail::throw_undefined_var("Var", "the variable");
     return *impl_;
   }
   std::shared_ptr<VarImpl<T>> impl_;
@@ -100,9 +110,38 @@ template <class T> const Var<T>& eval(const Var<T>& v) { return v; }
 template <VarExpression E> auto eval(const E& e) { return e.evaluate(); }
 
 // A leaf that gradients flow into: a parameter or an input to differentiate with respect to.
-template <class T> Var<T> param(Tensor<T> value) { return Var<T>(std::move(value), true); }
+template <class T> Var<T> param(Tensor<T> value) {
+  check_defined(value, "param", "the value");
+  return Var<T>(std::move(value), true);
+}
 // A leaf that no gradient flows into.
-template <class T> Var<T> constant(Tensor<T> value) { return Var<T>(std::move(value), false); }
+template <class T> Var<T> constant(Tensor<T> value) {
+  check_defined(value, "constant", "the value");
+  return Var<T>(std::move(value), false);
+}
+
+// Throws "<op>: input <i> is undefined (a default-constructed Var ...)" for the first undefined one of `inputs`.
+template <class... Ts> void check_defined_inputs(std::string_view op, const Var<Ts>&... inputs) {
+  std::size_t i = 0;
+  const auto check_one = [&](bool defined) {
+    if (!defined) [[unlikely]] detail::throw_undefined_input(op, i);
+    ++i;
+  };
+  (check_one(inputs.defined()), ...);
+}
+
+template <class T> void check_defined_inputs(std::string_view op, const std::vector<Var<T>>& inputs) {
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) [[unlikely]] detail::throw_undefined_input(op, i);
+  }
+}
+
+// Where an op starts: its inputs are defined, and it is the op in scope (tensor/op_scope.hpp) for the errors raised
+// below it, such as a result shape too large to count.
+template <class... Ts> [[nodiscard]] OpScope enter_op(std::string_view op, const Var<Ts>&... inputs) {
+  check_defined_inputs(op, inputs...);
+  return OpScope(op);
+}
 
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors so that backward can run through the graph again

@@ -14,6 +14,7 @@
 #include "cuda/check.cuh"
 #include "cuda/device.hpp"
 #include "cuda/on_device.cuh"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad::cuda {
 
@@ -113,7 +114,7 @@ Block device_allocate(std::size_t bytes, int device) {
     // it back, so that an out-of-memory error does not starve the rest of the process or other processes.
     TAPEGRAD_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
     const MemoryStats stats = memory_stats(device);
-    throw OutOfMemoryError("allocate", Device::cuda(device), bytes, stats.device_free, stats.device_total);
+    throw OutOfMemoryError(current_op("allocate"), Device::cuda(device), bytes, stats.device_free, stats.device_total);
   }
   if (err != cudaSuccess) {
     throw_cuda_error(err, "cudaMallocFromPoolAsync(&ptr, bytes, s.pool, stream)", __FILE__, __LINE__);

@@ -30,6 +30,7 @@
 #include "ops/element_layout.hpp"
 #include "ops/element_term.hpp"
 #include "tensor/eigen.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
 
@@ -334,9 +335,8 @@ template <class E> class GpuExpressionNode final : public Node {
 
 // Evaluates `e` on `device` (a GPU) as one program, and records its node.
 template <class E, class T = typename E::element_type>
-Var<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
+Var<T> evaluate_on_gpu(const E& e, const std::string& name, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
                        const std::vector<Shape>& shapes, const Shape& output, Device device) {
-  const std::string name = describe(e);
   cuda::ElementBuffers buffers;
   for (std::size_t k = 0; k < slots.size(); ++k) buffers.inputs[k] = slots[k]->value.data();
   Tensor<T> out(output, device);
@@ -354,36 +354,32 @@ Var<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>
   return y;
 }
 
-template <class E> Var<typename E::element_type> evaluate(const E& e) {
+// evaluate(e) under `name` (its node's name, and the op its errors name).
+template <class E> Var<typename E::element_type> evaluate_as(const E& e, const std::string& name) {
   using T = typename E::element_type;
   std::vector<std::shared_ptr<VarImpl<T>>> slots;
   slots.reserve(E::leaves);
   e.collect(slots);
   std::vector<Shape> shapes;
   std::vector<const Tensor<T>*> leaves;
-  const Device device = slots.front()->value.device();  // every expression has a leaf
   for (std::size_t k = 0; k < slots.size(); ++k) {
+    if (!slots[k]) detail::throw_undefined_var(name, "operand x" + std::to_string(k));
     if (const char* why = unusable_input_reason(*slots[k])) {
-      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() +
-                          why);
+      throw AutodiffError(name + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() + why);
     }
-    // The device checks of tensor/device_checks.hpp, with the expression described only on failure.
-    const Device operand_device = slots[k]->value.device();
-    if (!(operand_device == device)) detail::throw_mixed_devices(describe(e), device, k, operand_device);
+    check_device_matches(name, slots.front()->value.device(), k, slots[k]->value.device());
     shapes.push_back(slots[k]->value.shape());
     leaves.push_back(&slots[k]->value);
   }
-  const BroadcastPlan plan = [&] {
-    try {
-      return plan_broadcast(shapes, "elementwise");
-    } catch (const Error& err) {
-      std::string msg = describe(e) + ": operand shapes";
-      for (const Shape& s : shapes) msg += " " + s.str();
-      throw Error(msg + " cannot be broadcast together");
-    }
-  }();
+  const Device device = slots.front()->value.device();  // every expression has a leaf
+  if (!broadcastable(shapes)) {
+    std::string msg = name + ": operand shapes";
+    for (const Shape& s : shapes) msg += " " + s.str();
+    throw Error(msg + " cannot be broadcast together");
+  }
+  const BroadcastPlan plan = plan_broadcast(shapes, name.c_str());
   if constexpr (cuda::enabled) {
-    if (!device.is_cpu()) return evaluate_on_gpu(e, slots, shapes, plan.output, device);
+    if (!device.is_cpu()) return evaluate_on_gpu(e, name, slots, shapes, plan.output, device);
   }
   Tensor<T> out(plan.output);
   with_context<T>(plan, leaves, [&](const auto& ctx) {
@@ -394,12 +390,17 @@ template <class E> Var<typename E::element_type> evaluate(const E& e) {
   const bool record = grad_enabled() && e.requires_grad();
   Var<T> y(std::move(out), record);
   if (record) {
-    auto node = std::make_unique<ExpressionNode<E>>(describe(e), e, plan);
+    auto node = std::make_unique<ExpressionNode<E>>(name, e, plan);
     node->inputs.assign(slots.begin(), slots.end());
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));
   }
   return y;
+}
+
+template <class E> Var<typename E::element_type> evaluate(const E& e) {
+  const std::string name = describe(e);  // the node's name, and the op that errors name
+  return run_op(name, [&] { return evaluate_as(e, name); });
 }
 
 // The public face of every expression: evaluation into a Var.

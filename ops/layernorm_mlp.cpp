@@ -31,6 +31,7 @@
 #include "autodiff/custom_op.hpp"
 #include "cuda/enabled.hpp"
 #include "ops/gemm.hpp"
+#include "ops/layernorm_mlp_check.hpp"
 #include "ops/layernorm_mlp_gpu.hpp"
 #include "ops/mlp_activation.hpp"
 #include "ops/norm_rows.hpp"
@@ -68,49 +69,6 @@ const ActivationEntry& entry_of(Activation activation) {
     if (e.activation == activation) return e;
   }
   throw Error(std::string(op_name) + ": unknown activation " + std::to_string(static_cast<int>(activation)));
-}
-
-template <class T, class P>
-MlpDims check_layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
-                            const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
-                            const LayerNormMLPOptions& options) {
-  const auto& act = entry_of(options.activation);
-  check(x.defined() && gamma.defined() && kernels.w1.defined() && kernels.w2.defined(), op_name,
-        "x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)");
-  const Shape& xs = x.shape();
-  check(xs.rank() >= 1 && xs.dim(-1) > 0, op_name, "x must have a non-empty last (hidden) axis, got shape ", xs);
-  check(options.epsilon > 0, op_name, "epsilon must be positive, got ", options.epsilon);
-  if (beta.defined()) {
-    check(options.norm == NormType::layernorm, op_name, "rmsnorm has no beta, but one of shape ", beta.shape(),
-          " was given");
-  }
-  if (options.activation == Activation::clamped_swiglu) {
-    check(options.clamped_swiglu.limit > 0, op_name, "clamped_swiglu needs a positive limit, got ",
-          options.clamped_swiglu.limit);
-  }
-  const std::int64_t H = xs.dim(-1), n = act.gated ? 2 : 1;
-  const Shape hidden_vector{H};
-  check(gamma.shape() == hidden_vector, op_name, "gamma has shape ", gamma.shape(), " but x has shape ", xs,
-        "; expected ", hidden_vector);
-  if (beta.defined()) {
-    check(beta.shape() == hidden_vector, op_name, "beta has shape ", beta.shape(), " but x has shape ", xs,
-          "; expected ", hidden_vector);
-  }
-  const Shape& w1 = kernels.w1.shape();
-  check(w1.rank() == 3 && w1.dim(0) == H && w1.dim(1) == n && w1.dim(2) > 0, op_name, "w1 has shape ", w1,
-        " but x has hidden size ", H, " and activation ", act.name, " needs [", H, ", ", n, ", F]");
-  const std::int64_t F = w1.dim(2);
-  check(kernels.w2.shape() == Shape{F, H}, op_name, "w2 has shape ", kernels.w2.shape(), " but w1 has shape ", w1,
-        " and x has shape ", xs, "; expected ", Shape{F, H});
-  if (biases.b1.defined()) {
-    check(biases.b1.shape() == Shape{n, F}, op_name, "b1 has shape ", biases.b1.shape(), " but w1 has shape ", w1,
-          "; expected ", Shape{n, F});
-  }
-  if (biases.b2.defined()) {
-    check(biases.b2.shape() == hidden_vector, op_name, "b2 has shape ", biases.b2.shape(), " but x has shape ", xs,
-          "; expected ", hidden_vector);
-  }
-  return {xs.numel() / H, H, F, n};
 }
 
 template <class T> struct MlpContext {
@@ -407,7 +365,7 @@ template <class T, class P>
 LayerNormMLPOutput<T> layernorm_mlp(const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
                                     const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
                                     const LayerNormMLPOptions& options) {
-  const MlpDims dims = check_layernorm_mlp(x, gamma, beta, kernels, biases, options);
+  const MlpDims dims = detail::check_mlp_arguments(op_name, x, gamma, beta, kernels, biases, options);
   // Absent inputs take the place of an empty constant: one node type serves every combination.
   const Var<P> absent = constant(Tensor<P>(Shape{0}, x.device()));
   auto or_absent = [&](const Var<P>& v) { return v.defined() ? v : absent; };

@@ -1,6 +1,7 @@
 #include "ops/layernorm_mlp_composite.hpp"
 
 #include "ops/activation.hpp"
+#include "ops/layernorm_mlp_check.hpp"
 #include "ops/layout.hpp"
 #include "ops/matmul.hpp"
 #include "ops/norm.hpp"
@@ -42,12 +43,13 @@ template <class T>
 LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gamma, const Var<T>& beta,
                                               const MLPKernels<T>& kernels, const MLPBiases<T>& biases,
                                               const LayerNormMLPOptions& options) {
+  const detail::MlpDims dims =
+      detail::check_mlp_arguments("layernorm_mlp_composite", x, gamma, beta, kernels, biases, options);
   const NormOptions norm{.epsilon = options.epsilon, .zero_centered_gamma = options.zero_centered_gamma};
   const Var<T> h = options.norm == NormType::rmsnorm ? rmsnorm(x, gamma, norm)
                    : beta.defined()                   ? layernorm(x, gamma, beta, norm)
                                                       : layernorm(x, gamma, norm);
-  const Shape& w1 = kernels.w1.shape();
-  const std::int64_t H = w1.dim(0), n = w1.dim(1), F = w1.dim(2);
+  const std::int64_t H = dims.hidden, n = dims.width, F = dims.ffn;
   Var<T> z = matmul(h, reshape(kernels.w1, {H, n * F}));
   if (biases.b1.defined()) z = z + reshape(biases.b1, {n * F});
   Var<T> y = matmul(activation_of(z, F, options), kernels.w2);

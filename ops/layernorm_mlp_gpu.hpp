@@ -25,13 +25,10 @@
 
 #include "cuda/norm.hpp"
 #include "ops/layernorm_mlp.hpp"
+#include "ops/layernorm_mlp_check.hpp"
 #include "tensor/tensor.hpp"
 
 namespace tapegrad::detail {
-
-struct MlpDims {
-  std::int64_t rows, hidden, ffn, width;  // M, H, F, n
-};
 
 // Which inputs need a gradient, in the node's input order.
 struct MlpNeeds {

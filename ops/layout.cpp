@@ -205,7 +205,8 @@ Shape reshaped(const Shape& from, const std::vector<std::int64_t>& dims) {
       inferred = i;
     } else {
       check(out[i] >= 0, "reshape", "invalid dimension ", out[i], " in ", Listed{dims}, " for shape ", from);
-      known *= out[i];
+      check(!__builtin_mul_overflow(known, out[i], &known), "reshape", "cannot reshape ", from, " to ", Listed{dims},
+            ": the dimensions multiply to more than 2^63 - 1 elements");
     }
   }
   const bool fits = inferred == none ? known == from.numel() : known != 0 && from.numel() % known == 0;
@@ -256,10 +257,12 @@ template <class T> Tensor<T> permute(const Tensor<T>& t, const std::vector<int>&
 }
 
 template <class T> Var<T> permute(const Var<T>& x, std::vector<int> dims) {
+  const OpScope scope = enter_op("permute", x);
   return permute_op(x, normalize_permutation(x.shape(), dims, "permute"), "permute");
 }
 
 template <class T> Var<T> transpose(const Var<T>& x, int axis0, int axis1) {
+  const OpScope scope = enter_op("transpose", x);
   std::vector<int> perm(static_cast<std::size_t>(x.shape().rank()));
   std::iota(perm.begin(), perm.end(), 0);
   std::swap(perm[x.shape().normalize_axis(axis0, "transpose")], perm[x.shape().normalize_axis(axis1, "transpose")]);
@@ -267,6 +270,7 @@ template <class T> Var<T> transpose(const Var<T>& x, int axis0, int axis1) {
 }
 
 template <class T> Var<T> reshape(const Var<T>& x, std::vector<std::int64_t> dims) {
+  const OpScope scope = enter_op("reshape", x);
   const Shape shape = reshaped(x.shape(), dims);
   struct Saved {
     Shape x_shape;
@@ -281,6 +285,7 @@ template <class T> Var<T> reshape(const Var<T>& x, std::vector<std::int64_t> dim
 }
 
 template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, std::int64_t stop, std::int64_t step) {
+  const OpScope scope = enter_op("slice", x);
   const Shape& shape = x.shape();
   const detail::AxisLayout l = detail::axis_layout(shape, axis, "slice");
   const int a = static_cast<int>(shape.normalize_axis(axis, "slice"));
@@ -313,6 +318,8 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
 
 template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
   check(!xs.empty(), "concat", "needs at least one input");
+  check_defined_inputs("concat", xs);
+  const OpScope scope("concat");
   const Shape& first = xs[0].shape();
   const detail::AxisLayout l = detail::axis_layout(first, axis, "concat");
   const int a = static_cast<int>(first.normalize_axis(axis, "concat"));
@@ -322,8 +329,12 @@ template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
     const Shape& s = xs[k].shape();
     bool fits = s.rank() == first.rank();
     for (int i = 0; fits && i < s.rank(); ++i) fits = i == a || s[i] == first[i];
-    if (fits) total += s[a];
-    else mismatches += (mismatches.empty() ? "" : ", ") + ("input " + std::to_string(k) + " has " + s.str());
+    if (fits) {
+      check(!__builtin_add_overflow(total, s[a], &total), "concat", "the inputs' sizes along axis ", axis,
+            " add up to more than 2^63 - 1");
+    } else {
+      mismatches += (mismatches.empty() ? "" : ", ") + ("input " + std::to_string(k) + " has " + s.str());
+    }
   }
   check(mismatches.empty(), "concat", "inputs must have the same shape except along axis ", axis, "; input 0 has ",
         first, " but ", mismatches);

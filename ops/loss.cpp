@@ -238,6 +238,7 @@ std::tuple<Tensor<T>, Tensor<T>> device_cross_entropy_grads(const CrossEntropySa
 
 template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
   using C = compute_t<T>;
+  const OpScope scope = enter_op("mse_loss", pred, target);
   check(pred.shape() == target.shape(), "mse_loss", "pred has shape ", pred.shape(), " but target has shape ",
         target.shape(), "; they must match exactly");
   check_same_device("mse_loss", pred, target);
@@ -273,6 +274,8 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
 
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::int64_t>& labels) {
   using Saved = CrossEntropySaved<T, Tensor<std::int64_t>>;
+  const OpScope scope = enter_op("cross_entropy", logits);
+  check_defined(labels, "cross_entropy", "labels");
   check_same_device("cross_entropy", logits, labels);
   check_label_shape(logits.shape(), labels);
   if (labels.device().is_cpu()) check_label_values(logits.shape(), labels);
@@ -295,6 +298,7 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::
 
 template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& target_probs) {
   using Saved = CrossEntropySaved<T, Tensor<T>>;
+  const OpScope scope = enter_op("cross_entropy", logits, target_probs);
   check_logits(logits.shape());
   check(target_probs.shape() == logits.shape(), "cross_entropy", "target_probs has shape ", target_probs.shape(),
         " but logits have shape ", logits.shape(), "; soft targets must match logits exactly");

@@ -72,13 +72,9 @@ MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
   p.M = a.rank() >= 2 ? a.dim(-2) : 1;
   p.N = b.rank() >= 2 ? b.dim(-1) : 1;
   const Shape a_batch = batch_of(a), b_batch = batch_of(b);
-  Shape batch;
-  try {
-    batch = broadcast_shapes(a_batch, b_batch, "matmul");
-  } catch (const Error&) {
-    throw Error(detail::concat("matmul: batch dimensions ", a_batch, " and ", b_batch, " of shapes ", a, " and ", b,
-                               " cannot be broadcast together"));
-  }
+  check(broadcastable(std::array{a_batch, b_batch}), "matmul", "batch dimensions ", a_batch, " and ", b_batch,
+        " of shapes ", a, " and ", b, " cannot be broadcast together");
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
   std::vector<std::int64_t> out = batch.to_vector();
   if (a.rank() >= 2) out.push_back(p.M);
   if (b.rank() >= 2) out.push_back(p.N);
@@ -287,6 +283,7 @@ std::tuple<Tensor<T>, Tensor<T>> matmul_backward(const MatmulSaved<T>& s, const 
 }  // namespace
 
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
+  const OpScope scope = enter_op("matmul", a, b);
   check_same_device("matmul", a, b);
   MatmulPlan plan = plan_matmul(a.shape(), b.shape());
   return custom_op<MatmulSaved<T>>(

@@ -27,6 +27,7 @@ void check_norm_inputs(const NormKind& kind, const Shape& x, const Shape& gamma,
                        const NormOptions& options) {
   check(x.rank() >= 1, kind.op, "x must have at least one axis (the normalized one), got shape ", x);
   check(options.epsilon > 0, kind.op, "epsilon must be positive, got ", options.epsilon);
+  check(std::isfinite(options.epsilon), kind.op, "epsilon must be finite, got ", options.epsilon);
   const Shape want{x.dim(-1)};
   check(gamma == want, kind.op, "gamma has shape ", gamma, " but x has shape ", x, "; expected gamma of shape ", want,
         " (x's last axis)");
@@ -117,6 +118,7 @@ template <class T> struct NormSaved {
 template <class T, class... Beta>
 Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T>& x, const Var<T>& gamma,
                    const Beta&... beta) {
+  const OpScope scope = enter_op(kind.op, x, gamma, beta...);
   const Shape* beta_shape = nullptr;
   ((beta_shape = &beta.shape()), ...);
   check_same_device(kind.op, x, gamma, beta...);

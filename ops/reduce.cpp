@@ -147,6 +147,7 @@ Tensor<T> reduce_middle(const Tensor<T>& xs, const ReduceLayout& l, double divis
   const bool rows = inner == 1;
   const std::int64_t chunk = rows ? row_chunk : col_chunk, block = rows ? 1 : col_block;
   const std::int64_t chunks = std::max<std::int64_t>(1, (n + chunk - 1) / chunk), blocks = (inner + block - 1) / block;
+  Tensor<T> y(l.y_shape);  // first: a result too large to address is refused before its partials are sized
   std::vector<A> partial(static_cast<std::size_t>(outer * chunks * inner));
   const T* x = xs.data();
   parallel_for(outer * chunks * blocks, std::min(chunk, n) * block, [&](std::int64_t begin, std::int64_t end) {
@@ -163,7 +164,6 @@ Tensor<T> reduce_middle(const Tensor<T>& xs, const ReduceLayout& l, double divis
       }
     }
   });
-  Tensor<T> y(l.y_shape);
   T* out = y.data();
   const A d = static_cast<A>(divisor);
   parallel_for(outer * inner, chunks, [&](std::int64_t begin, std::int64_t end) {

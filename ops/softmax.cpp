@@ -88,6 +88,7 @@ template <class T> Tensor<T> device_softmax_backward(const SoftmaxSaved<T>& s, b
 // Records the node; forward and backward are the cpu path's, `log` picks the GPU path's kernels.
 template <class T, class Forward, class Backward>
 Var<T> record_softmax(const char* op, bool log, const Var<T>& x, int axis, Forward forward, Backward backward) {
+  const OpScope scope = enter_op(op, x);
   const AxisLayout layout = detail::axis_layout(x.shape(), axis, op);
   return custom_op<SoftmaxSaved<T>>(
       op,

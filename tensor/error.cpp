@@ -21,8 +21,11 @@ std::string format_bytes(std::size_t bytes) {
 
 OutOfMemoryError::OutOfMemoryError(std::string_view op, Device device, std::size_t requested, std::size_t free,
                                    std::size_t total)
-    : Error(detail::concat(op, ": out of memory on ", device, ": asked for ", format_bytes(requested), " (",
-                           requested, " bytes), ", format_bytes(free), " free of ", format_bytes(total))),
+    : Error(detail::concat(op, ": out of memory on ", device, ": ",
+                           requested == 0 ? "an allocation failed"
+                                          : detail::concat("asked for ", format_bytes(requested), " (", requested,
+                                                           " bytes)"),
+                           ", ", format_bytes(free), " free of ", format_bytes(total))),
       device_(device),
       requested_(requested),
       free_(free),

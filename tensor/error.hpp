@@ -27,7 +27,8 @@ class AutodiffError : public Error {
 // tape stay usable: free some tensors and allocate again.
 class OutOfMemoryError : public Error {
  public:
-  // "allocate: out of memory on cuda:0: asked for 2.00 TiB (2199023255552 bytes), 139.10 GiB free of 139.70 GiB"
+  // "allocate: out of memory on cuda:0: asked for 2.00 TiB (2199023255552 bytes), 139.10 GiB free of 139.70 GiB";
+  // `requested` 0 stands for an allocation of unknown size (one the standard library's containers made).
   OutOfMemoryError(std::string_view op, Device device, std::size_t requested, std::size_t free, std::size_t total);
 
   Device device() const { return device_; }

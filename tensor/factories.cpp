@@ -8,10 +8,13 @@
 #include "cuda/enabled.hpp"
 #include "cuda/fill.hpp"
 #include "tensor/generate.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
 
-template <class T> Tensor<T> full(const Shape& shape, double value, Device device) {
+namespace {
+// `shape` filled with `value` rounded to T.
+template <class T> Tensor<T> filled(const Shape& shape, double value, Device device) {
   Tensor<T> t(shape, device);  // throws for a device this build or machine does not have
   if (device.is_cpu()) {
     std::fill(t.span().begin(), t.span().end(), convert<T>(value));
@@ -22,11 +25,25 @@ template <class T> Tensor<T> full(const Shape& shape, double value, Device devic
   }
   return t;
 }
-template <class T> Tensor<T> zeros(const Shape& shape, Device device) { return full<T>(shape, 0.0, device); }
-template <class T> Tensor<T> ones(const Shape& shape, Device device) { return full<T>(shape, 1.0, device); }
+}  // namespace
+
+// Each factory is the op in scope for the errors of the tensor it makes (one too large to address, out of memory).
+template <class T> Tensor<T> full(const Shape& shape, double value, Device device) {
+  const OpScope scope("full");
+  return filled<T>(shape, value, device);
+}
+template <class T> Tensor<T> zeros(const Shape& shape, Device device) {
+  const OpScope scope("zeros");
+  return filled<T>(shape, 0.0, device);
+}
+template <class T> Tensor<T> ones(const Shape& shape, Device device) {
+  const OpScope scope("ones");
+  return filled<T>(shape, 1.0, device);
+}
 
 template <class T> Tensor<T> arange(std::int64_t n) {
   check(n >= 0, "arange", "length must be non-negative, got ", n);
+  const OpScope scope("arange");
   Tensor<T> t(Shape{n});
   for (std::int64_t i = 0; i < n; ++i) t.flat(i) = convert<T>(static_cast<double>(i));
   return t;
@@ -35,6 +52,7 @@ template <class T> Tensor<T> arange(std::int64_t n) {
 template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Shape& shape) {
   check(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector", "got ", values.size(),
         " values for shape ", shape, " which holds ", shape.numel());
+  const OpScope scope("from_vector");
   Tensor<T> t(shape);
   std::copy(values.begin(), values.end(), t.data());
   return t;
@@ -42,6 +60,9 @@ template <class T> Tensor<T> from_vector(const std::vector<T>& values, const Sha
 
 template <class T>
 Tensor<T> randn(const Shape& shape, std::uint64_t seed, double mean, double stddev, Device device) {
+  check(std::isfinite(mean) && std::isfinite(stddev) && stddev >= 0, "randn",
+        "mean and stddev must be finite with stddev >= 0, got mean ", mean, " and stddev ", stddev);
+  const OpScope scope("randn");
   return detail::draw_tensor<T>(shape, philox::NormalDraw{seed, static_cast<float>(mean), static_cast<float>(stddev)},
                                 device);
 }
@@ -67,7 +88,10 @@ template <class T> T largest_below(double high) {
 
 template <class T>
 Tensor<T> rand_uniform(const Shape& shape, std::uint64_t seed, double low, double high, Device device) {
+  check(std::isfinite(low) && std::isfinite(high), "rand_uniform", "low and high must be finite, got ", low, " and ",
+        high);
   check(low <= high, "rand_uniform", "low ", low, " is greater than high ", high);
+  const OpScope scope("rand_uniform");
   // Rounding low + width·u (u < 1) to f32, then to T, can land on `high`; such values step back below it. An empty
   // range [low, low] keeps its one value.
   const philox::UniformDraw draw{.seed = seed,
@@ -82,6 +106,7 @@ template <class T>
 Tensor<T> rand_int(const Shape& shape, std::uint64_t seed, std::int64_t low, std::int64_t high, Device device) {
   check(low < high, "rand_int", "empty range [", low, ", ", high, ")");
   check(high - low <= (std::int64_t{1} << 32), "rand_int", "range [", low, ", ", high, ") is wider than 2^32");
+  const OpScope scope("rand_int");
   return detail::draw_tensor<T>(shape, philox::IntegerDraw{seed, low, high}, device);
 }
 

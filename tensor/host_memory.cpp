@@ -5,10 +5,15 @@
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
-#include <new>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "tensor/error.hpp"
+#include "tensor/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
 
 namespace tapegrad {
 
@@ -28,13 +33,66 @@ std::size_t block_size(std::size_t bytes) {
   return (bytes + quarter - 1) / quarter * quarter;
 }
 
+// A fresh block from the system, or null when it has none.
 void* fresh_block(std::size_t size) {
   const std::size_t align = size >= huge_threshold ? huge_page : alignment;
   const std::size_t rounded = (size + align - 1) / align * align;
   void* p = std::aligned_alloc(align, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  if (align == huge_page) madvise(p, rounded, MADV_HUGEPAGE);  // advisory: failure only costs speed
+  if (p != nullptr && align == huge_page) madvise(p, rounded, MADV_HUGEPAGE);  // advisory: failure only costs speed
   return p;
+}
+
+// Linux hands out address space it may never back (overcommit): a block larger than the memory left is granted,
+// and touching it later kills the process. Blocks from this size on are first compared with what is left, which
+// costs a read of /proc/meminfo: nothing beside the page faults that filling them costs.
+constexpr std::size_t checked_size = std::size_t{64} << 20;
+
+struct SystemMemory {
+  std::size_t available = SIZE_MAX, total = SIZE_MAX;  // unknown: unlimited
+};
+
+// "<key>: <n> kB" from /proc/meminfo, in bytes; 0 when absent.
+std::size_t meminfo_bytes(const std::string& text, std::string_view key) {
+  const std::size_t at = text.find(key);
+  return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + key.size(), nullptr, 10) * 1024;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The memory limit and use of this process's memory cgroup (v2, or v1's memory controller), in bytes; false when
+// it has no limit. /proc/self/cgroup lines read "id:controllers:path", v2's with no controllers.
+bool cgroup_memory(std::size_t& limit, std::size_t& used) {
+  std::istringstream lines(read_file("/proc/self/cgroup"));
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    const bool v2 = controllers.empty();
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
+    const std::string dir = (v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory") + path;
+    const std::string max = read_file(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+    if (max.empty() || max.starts_with("max")) continue;
+    limit = std::strtoull(max.c_str(), nullptr, 10);
+    used = std::strtoull(read_file(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes")).c_str(), nullptr, 10);
+    if (limit < (std::size_t{1} << 62)) return true;  // v1 writes "no limit" as 2^63 - 1 rounded to pages
+  }
+  return false;
+}
+
+// What the system can still give this process: available memory and free swap, within its cgroup's limit.
+SystemMemory system_memory() {
+  const std::string info = read_file("/proc/meminfo");
+  if (info.empty()) return {};
+  SystemMemory m{.available = meminfo_bytes(info, "MemAvailable:") + meminfo_bytes(info, "SwapFree:"),
+                 .total = meminfo_bytes(info, "MemTotal:") + meminfo_bytes(info, "SwapTotal:")};
+  if (std::size_t limit = 0, used = 0; cgroup_memory(limit, used)) {
+    m.total = std::min(m.total, limit);
+    m.available = std::min(m.available, limit > used ? limit - used : 0);
+  }
+  return m;
 }
 
 class HostCache {
@@ -43,21 +101,18 @@ class HostCache {
     const std::size_t size = block_size(bytes);
     {
       std::lock_guard lock(mutex_);
-      count_in_use(static_cast<std::int64_t>(bytes));
       if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
         stats_.cached_bytes -= static_cast<std::int64_t>(size);
+        count_in_use(static_cast<std::int64_t>(bytes));
         return p;
       }
     }
-    try {
-      return fresh_block(size);
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      count_in_use(-static_cast<std::int64_t>(bytes));
-      throw;
-    }
+    void* p = system_block(size, bytes);
+    std::lock_guard lock(mutex_);
+    count_in_use(static_cast<std::int64_t>(bytes));
+    return p;
   }
 
   void free(void* p, std::size_t bytes) noexcept {
@@ -98,6 +153,23 @@ class HostCache {
     stats_.in_use_bytes += delta;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   }
+  // A block of `size` from the system for a request of `bytes`. When the system has too little left, the cache goes
+  // back to it first if that would make room; otherwise (or still failing) OutOfMemoryError, with nothing changed.
+  void* system_block(std::size_t size, std::size_t bytes) {
+    for (bool trimmed = false;; trimmed = true) {
+      const SystemMemory memory = size >= checked_size ? system_memory() : SystemMemory{};
+      if (size <= memory.available) {
+        if (void* p = fresh_block(size)) return p;
+      }
+      const SystemMemory left = size >= checked_size ? memory : system_memory();
+      std::lock_guard lock(mutex_);
+      const auto cached = static_cast<std::size_t>(stats_.cached_bytes);
+      if (trimmed || cached == 0 || size > left.available + cached) {
+        throw OutOfMemoryError(current_op("allocate"), Device::cpu(), bytes, left.available, left.total);
+      }
+      trim(0);
+    }
+  }
   // Frees cached blocks, largest first, until the cache holds at most `keep` bytes.
   void trim(std::size_t keep) {
     std::vector<std::size_t> sizes;
@@ -128,6 +200,13 @@ HostCache& cache() {
 }  // namespace
 
 HostMemoryStats host_memory_stats() { return cache().stats(); }
+
+namespace detail {
+void throw_host_out_of_memory(std::string_view op) {
+  const SystemMemory memory = system_memory();
+  throw OutOfMemoryError(op, Device::cpu(), 0, memory.available, memory.total);
+}
+}  // namespace detail
 void reset_host_memory_peak() { cache().reset_peak(); }
 void set_host_cache_limit(std::size_t bytes) { cache().set_limit(bytes); }
 void release_host_cache() { cache().release(); }

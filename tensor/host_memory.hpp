@@ -27,6 +27,8 @@ void release_host_cache();
 
 namespace detail {
 // A block of at least `bytes`, 64-byte aligned (2 MiB aligned and huge-page advised from 4 MiB); null for 0.
+// Throws OutOfMemoryError (device cpu, naming the op in scope) when the system cannot supply it even after the cache
+// is given back, and leaves the statistics as they were.
 void* host_allocate(std::size_t bytes);
 // Gives back a block from host_allocate of the same `bytes`.
 void host_free(void* block, std::size_t bytes) noexcept;

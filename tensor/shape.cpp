@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "tensor/error.hpp"
+#include "tensor/op_scope.hpp"
 
 namespace tapegrad {
 
@@ -20,8 +21,15 @@ Shape::Shape(std::span<const std::int64_t> dims) {
   }
   rank_ = static_cast<int>(dims.size());
   std::copy(dims.begin(), dims.end(), dims_.begin());
+  // The product of the non-zero dimensions bounds every stride and partial product that numel() and strides() form.
+  std::int64_t product = 1;
   for (int i = 0; i < rank_; ++i) {
-    if (dims_[static_cast<std::size_t>(i)] < 0) throw Error("shape: negative dimension in " + str());
+    const std::int64_t d = dims_[static_cast<std::size_t>(i)];
+    if (d < 0) throw Error(detail::concat(current_op("shape"), ": negative dimension in ", *this));
+    if (d != 0 && __builtin_mul_overflow(product, d, &product)) {
+      throw Error(detail::concat(current_op("shape"), ": the dimensions ", *this,
+                                 " multiply to more than 2^63 - 1 elements, which an int64 cannot count"));
+    }
   }
 }
 
@@ -67,6 +75,21 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     dims[static_cast<std::size_t>(i)] = da == 1 ? db : da;
   }
   return Shape(dims);
+}
+
+bool broadcastable(std::span<const Shape> shapes) {
+  int rank = 0;
+  for (const Shape& s : shapes) rank = std::max(rank, s.rank());
+  for (int back = 1; back <= rank; ++back) {
+    std::int64_t common = 1;
+    for (const Shape& s : shapes) {
+      const std::int64_t d = back <= s.rank() ? s[s.rank() - back] : 1;
+      if (d == 1) continue;
+      if (common != 1 && d != common) return false;
+      common = d;
+    }
+  }
+  return true;
 }
 
 }  // namespace tapegrad

@@ -48,5 +48,7 @@ std::ostream& operator<<(std::ostream& out, const Shape& s);
 
 // NumPy broadcasting of two shapes; throws an Error naming `op` and both shapes when they do not broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// Whether all of `shapes` broadcast together (NumPy rules: on each axis from the back, every size is 1 or one value).
+bool broadcastable(std::span<const Shape> shapes);
 
 }  // namespace tapegrad

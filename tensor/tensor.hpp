@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "cuda/cast.hpp"
@@ -23,13 +24,25 @@
 
 namespace tapegrad {
 
+namespace detail {
+// The bytes a tensor of `shape` and `dtype` takes; throws Error naming the op in scope (tensor/op_scope.hpp), the
+// shape and the dtype when that is more than memory can address (2^63 - 1 bytes), before anything is allocated.
+std::size_t tensor_bytes(const Shape& shape, DType dtype);
+[[noreturn]] void throw_undefined_tensor(std::string_view op, std::string_view what);
+}  // namespace detail
+
+// Throws "<op>: <what> is undefined (a default-constructed Tensor, with no storage)" unless `t` is defined.
+template <class T> void check_defined(const T& t, std::string_view op, std::string_view what = "the tensor") {
+  if (!t.defined()) [[unlikely]] detail::throw_undefined_tensor(op, what);
+}
+
 template <class T> class Tensor {
  public:
   using value_type = T;
 
   Tensor() = default;  // undefined: no storage; `defined()` is false
   explicit Tensor(Shape shape, Device device = Device::cpu())
-      : storage_(Storage::allocate(static_cast<std::size_t>(shape.numel()) * sizeof(T), device)),
+      : storage_(Storage::allocate(detail::tensor_bytes(shape, dtype_v<T>), device)),
         shape_(shape),
         device_(device) {}
 
@@ -96,8 +109,9 @@ template <class T> class Tensor {
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
 
  private:
-  // One compare on the access path; the message is built out of line.
+  // Two compares on the access path; the messages are built out of line.
   void on_host(const char* op) const {
+    check_defined(*this, op);
     if (!device_.is_cpu()) [[unlikely]] detail::throw_not_on_host(op, device_);
   }
   Tensor copy_to(Device device) const {
@@ -139,6 +153,7 @@ template <class To, class From> Tensor<To> cast(const Tensor<From>& t) {
         return out;
       }
     }
+    check_defined(t, "cast");
     check_on_cpu("cast", 0, t.device());
     Tensor<To> out(t.shape());
     const From* src = t.data();

@@ -295,3 +295,28 @@ TEST_CASE("mixed-dtype inputs get gradients in their own dtypes") {
     CHECK(b.grad().flat(i) == convert<bf16>(dy.flat(i) * a.value().flat(i)));
   }
 }
+
+TEST_CASE("a custom op refuses an undefined input and a forward that returns an undefined tensor") {
+  struct Saved {};
+  const auto identity = [](Saved&, const Tensor<double>& x) { return x; };
+  const auto pass_through = [](const Saved&, const NeedsGrad&, const Tensor<double>& dy) { return dy; };
+  CHECK_THROWS_WITH_AS(custom_op<Saved>("twice", identity, pass_through, Var<double>()),
+                       doctest::Contains("twice: input 0 is undefined (a default-constructed Var"), Error);
+  const Var<double> x = param(ones<double>({2}));
+  CHECK_THROWS_WITH_AS(custom_op<Saved>("pair", [](Saved&, const Tensor<double>& a, const Tensor<double>&) { return a; },
+                                        [](const Saved&, const NeedsGrad&, const Tensor<double>& dy) {
+                                          return std::tuple{dy, dy};
+                                        },
+                                        x, Var<double>()),
+                       doctest::Contains("pair: input 1 is undefined"), Error);
+  CHECK_THROWS_WITH_AS(custom_op<Saved>("joined", [](Saved&, const std::vector<Tensor<double>>& v) { return v[0]; },
+                                        [](const Saved&, const NeedsGrad&, const Tensor<double>& dy) {
+                                          return std::vector<Tensor<double>>{dy, dy};
+                                        },
+                                        std::vector<Var<double>>{x, Var<double>()}),
+                       doctest::Contains("joined: input 1 is undefined"), Error);
+  CHECK_THROWS_WITH_AS(
+      custom_op<Saved>("lost", [](Saved&, const Tensor<double>&) { return Tensor<double>(); }, pass_through, x),
+      "lost: output 0 of its forward is undefined (a default-constructed Tensor, with no storage)", Error);
+  CHECK(custom_op<Saved>("twice", identity, pass_through, x).value().flat(1) == 1.0);  // a good call still works
+}

@@ -167,3 +167,11 @@ TEST_CASE("the printed result is the report, for doctest's CHECK to show") {
   const GradcheckResult good = gradcheck(mul_with_error_fn(1.0), {x3, y3});
   CHECK(printed(good).rfind("gradcheck passed over 18 Jacobian entries", 0) == 0);
 }
+
+TEST_CASE("gradcheck refuses an infinite eps and NaN or negative tolerances, which would pass everything") {
+  const GradcheckFunction f = [](const std::vector<Var<double>>& in) { return in[0] * 2.0; };
+  CHECK_THROWS_WITH_AS(gradcheck(f, {x3}, {.eps = INFINITY}), "gradcheck: eps must be finite, got inf", Error);
+  CHECK_THROWS_WITH_AS(gradcheck(f, {x3}, {.atol = NAN}),
+                       doctest::Contains("gradcheck: atol and rtol must be non-negative numbers, got nan"), Error);
+  CHECK_THROWS_WITH_AS(gradcheck(f, {x3}, {.rtol = -1}), doctest::Contains("and -1"), Error);
+}

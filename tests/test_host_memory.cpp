@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "tapegrad.hpp"
 #include "tensor/host_memory.hpp"
@@ -47,4 +48,42 @@ TEST_CASE("the cache keeps at most its limit, and releasing it frees every block
   { const Tensor<float> c(Shape{200000}); }
   CHECK(host_memory_stats().cached_bytes == 0);
   set_host_cache_limit(std::size_t{1} << 30);
+}
+
+namespace {
+// Runs `allocate`, which must fail for want of host memory, and checks the error and that it changed nothing.
+template <class F> void check_out_of_host_memory(F allocate, const std::string& op, bool one_allocation) {
+  const HostMemoryStats before = host_memory_stats();
+  try {
+    allocate();
+    FAIL("no error");
+  } catch (const OutOfMemoryError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).starts_with(op + ": out of memory on cpu: asked for "));
+    CHECK(e.device() == Device::cpu());
+    CHECK(e.bytes_requested() > e.bytes_free());
+    CHECK(e.bytes_free() <= e.bytes_total());
+  }
+  const HostMemoryStats after = host_memory_stats();
+  CHECK(after.in_use_bytes == before.in_use_bytes);
+  if (one_allocation) {  // an op may have made smaller tensors before the one that failed
+    CHECK(after.peak_in_use_bytes == before.peak_in_use_bytes);
+    CHECK(after.cached_bytes == before.cached_bytes);
+  }
+  CHECK(sum(param(ones<float>({1000}))).value().item() == 1000.0f);  // and the next op works
+}
+}  // namespace
+
+TEST_CASE("a host allocation the system cannot satisfy throws OutOfMemoryError on the cpu and changes nothing") {
+  const std::int64_t tebi = std::int64_t{1} << 40;  // 4 TiB of f32
+  check_out_of_host_memory([&] { Tensor<float> t({tebi}); }, "allocate", true);
+  check_out_of_host_memory([&] { zeros<float>({tebi}); }, "zeros", true);
+  const Var<float> column = param(ones<float>({std::int64_t{1} << 20, 1})), row = param(ones<float>({1, std::int64_t{1} << 20}));
+  check_out_of_host_memory([&] { Var<float> y = column * row; }, "mul(x0, x1)", true);  // broadcast to 2^40
+  check_out_of_host_memory([&] { matmul(column, row); }, "matmul", true);
+  // A layernorm_mlp whose z is [2^20, 2^20] (4 TiB) while x and the kernels take 4 MiB each.
+  const Var<float> x = param(ones<float>({std::int64_t{1} << 20, 1})), gamma = param(ones<float>({1}));
+  const MLPKernels<float> kernels{param(ones<float>({1, 1, std::int64_t{1} << 20})),
+                                  param(ones<float>({std::int64_t{1} << 20, 1}))};
+  check_out_of_host_memory([&] { layernorm_mlp(x, gamma, {}, kernels, {}); }, "layernorm_mlp", false);
 }

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "support.hpp"
+#include "ops/layernorm_mlp_check.hpp"
 #include "tapegrad.hpp"
 
 using namespace tapegrad;
@@ -418,4 +420,63 @@ TEST_CASE("layernorm_mlp errors name the op and both shapes") {
                        doctest::Contains("clamped_swiglu needs a positive limit"), Error);
   CHECK_THROWS_WITH_AS(with([](Params<float>& q, LayerNormMLPOptions&) { q.w2 = Var<float>(); })(),
                        doctest::Contains("x, gamma, w1 and w2 must be defined"), Error);
+}
+
+TEST_CASE("layernorm_mlp and its composite refuse the same arguments with the same message") {
+  const Case plain{.options = {.activation = Activation::gelu}};
+  const Params<float> p = make_params<float>(plain, 8, 16, 130);
+  const Var<float> x = param(randn<float>({3, 8}, 131));
+  struct Bad {
+    std::string problem;  // what the message says after the op's name
+    std::function<void(Params<float>&, LayerNormMLPOptions&)> edit;
+  };
+  // The options and kernels of a gated block.
+  const auto clamped_swiglu = [](Params<float>& q, LayerNormMLPOptions o) {
+    o.activation = Activation::clamped_swiglu;
+    q.w1 = param(zeros<float>({8, 2, 16}));
+    q.b1 = param(zeros<float>({2, 16}));
+    return o;
+  };
+  const std::vector<Bad> cases{
+      {"recompute 7 is not a Recompute policy", [](auto&, auto& o) { o.recompute = Recompute(7); }},
+      {"norm 5 is not a NormType (layernorm or rmsnorm)", [](auto&, auto& o) { o.norm = NormType(5); }},
+      {"unknown activation 42", [](auto&, auto& o) { o.activation = Activation(42); }},
+      {"epsilon must be finite, got inf", [](auto&, auto& o) { o.epsilon = INFINITY; }},
+      {"epsilon must be positive, got nan", [](auto&, auto& o) { o.epsilon = NAN; }},
+      {"clamped_swiglu needs a finite alpha, got nan",
+       [&](auto& q, auto& o) { o = clamped_swiglu(q, o); o.clamped_swiglu.alpha = NAN; }},
+      {"clamped_swiglu needs a positive limit, got -1",
+       [&](auto& q, auto& o) { o = clamped_swiglu(q, o); o.clamped_swiglu.limit = -1; }},
+      {"clamped_swiglu needs a finite limit, got inf",
+       [&](auto& q, auto& o) { o = clamped_swiglu(q, o); o.clamped_swiglu.limit = INFINITY; }},
+      {"w1 has shape [8, 2, 16] but x has hidden size 8 and activation gelu needs [8, 1, F]",
+       [](auto& q, auto&) { q.w1 = param(zeros<float>({8, 2, 16})); }},
+      {"rmsnorm has no beta, but one of shape [8] was given", [](auto&, auto& o) { o.norm = NormType::rmsnorm; }},
+      {"b1 has shape [16] but w1 has shape [8, 1, 16]; expected [1, 16]",
+       [](auto& q, auto&) { q.b1 = param(zeros<float>({16})); }},
+      {"b2 has shape [1] but x has shape [3, 8]; expected [8]", [](auto& q, auto&) { q.b2 = param(zeros<float>({1})); }},
+      {"w2 is undefined (a default-constructed Var); x, gamma, w1 and w2 must be defined",
+       [](auto& q, auto&) { q.w2 = Var<float>(); }},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.problem);
+    Params<float> q = p;
+    LayerNormMLPOptions o = plain.options;
+    o.norm = NormType::layernorm;
+    bad.edit(q, o);
+    CHECK_THROWS_WITH_AS(node(x, q, o), doctest::Contains(("layernorm_mlp: " + bad.problem).c_str()), Error);
+    CHECK_THROWS_WITH_AS(composite(x, q, o), doctest::Contains(("layernorm_mlp_composite: " + bad.problem).c_str()), Error);
+  }
+  CHECK(node(x, p, plain.options).y.shape() == x.shape());  // and the good arguments run
+}
+
+TEST_CASE("layernorm_mlp refuses a scratch tensor too large to address before allocating anything") {
+  const Shape x{std::int64_t{1} << 40, 2}, gamma{2}, w1{2, 1, std::int64_t{1} << 30}, w2{std::int64_t{1} << 30, 2};
+  const std::int64_t before = host_memory_stats().in_use_bytes;
+  CHECK_THROWS_WITH_AS(detail::check_mlp_arguments("layernorm_mlp", {x, gamma, nullptr, w1, nullptr, w2, nullptr},
+                                                   DType::f32, {}),
+                       doctest::Contains("layernorm_mlp: the dimensions [1099511627776, 1073741824] multiply to more "
+                                         "than 2^63 - 1 elements"),
+                       Error);
+  CHECK(host_memory_stats().in_use_bytes == before);
 }

@@ -207,4 +207,8 @@ TEST_CASE("norm errors name the op and the shapes") {
                        doctest::Contains("rmsnorm: epsilon must be positive, got 0"), Error);
   CHECK_THROWS_WITH_AS(layernorm(x, gamma, {.epsilon = -1e-5}),
                        doctest::Contains("layernorm: epsilon must be positive, got -1e-05"), Error);
+  CHECK_THROWS_WITH_AS(layernorm(x, gamma, {.epsilon = INFINITY}),
+                       doctest::Contains("layernorm: epsilon must be finite, got inf"), Error);
+  CHECK_THROWS_WITH_AS(rmsnorm(x, gamma, {.epsilon = NAN}), doctest::Contains("rmsnorm: epsilon must be positive, got nan"),
+                       Error);
 }

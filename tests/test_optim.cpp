@@ -321,3 +321,12 @@ TEST_CASE("the README's optimizer example trains") {
   }
   CHECK(last < 0.9 * first);
 }
+
+TEST_CASE("non-finite hyperparameters throw naming the optimizer and the value") {
+  const Var<float> w = param(randn<float>({2}, 1));
+  CHECK_THROWS_WITH_AS(AdamW({w}, {.lr = INFINITY}), "AdamW: lr must be finite, got inf", Error);
+  CHECK_THROWS_WITH_AS(Adam({w}, {.eps = INFINITY}), "Adam: eps must be finite, got inf", Error);
+  CHECK_THROWS_WITH_AS(AdamW({w}, {.weight_decay = NAN}), "AdamW: weight_decay must be >= 0, got nan", Error);
+  CHECK_THROWS_WITH_AS(SGD({w}, {.momentum = INFINITY}), "SGD: momentum must be finite, got inf", Error);
+  CHECK(SGD({w}, {.lr = 0.1}).options().lr == 0.1);
+}

@@ -179,3 +179,14 @@ TEST_CASE("random factories reject empty or inverted ranges, naming them") {
   CHECK_THROWS_WITH_AS(rand_uniform<float>({3}, 1, 2.0, 1.0),
                        doctest::Contains("rand_uniform: low 2 is greater than high 1"), Error);
 }
+
+TEST_CASE("random factories refuse non-finite parameters and a negative stddev") {
+  CHECK_THROWS_WITH_AS(randn<float>({3}, 1, 0.0, -1.0),
+                       "randn: mean and stddev must be finite with stddev >= 0, got mean 0 and stddev -1", Error);
+  CHECK_THROWS_WITH_AS(randn<float>({3}, 1, 0.0, NAN), doctest::Contains("got mean 0 and stddev nan"), Error);
+  CHECK_THROWS_WITH_AS(randn<double>({3}, 1, INFINITY), doctest::Contains("got mean inf"), Error);
+  CHECK_THROWS_WITH_AS(rand_uniform<float>({3}, 1, 0.0, INFINITY),
+                       "rand_uniform: low and high must be finite, got 0 and inf", Error);
+  CHECK_THROWS_WITH_AS(rand_uniform<float>({3}, 1, NAN, 1.0), doctest::Contains("got nan and 1"), Error);
+  CHECK(randn<float>({3}, 1, 0.0, 0.0).flat(2) == 0.0f);  // stddev 0 is a constant
+}

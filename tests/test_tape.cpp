@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core_test_helpers.hpp"
 #include "tapegrad.hpp"
@@ -328,4 +332,135 @@ TEST_CASE("a value recorded on another tape cannot be used on this one") {
   // Without recording there is no gradient to lose.
   NoGradGuard no_grad;
   CHECK(eval(h * 3.0).value().item() == 12.0);
+}
+
+TEST_CASE("backward of an undefined output or with an undefined seed throws naming backward") {
+  CHECK_THROWS_WITH_AS(backward(Var<double>()), doctest::Contains("backward: the output is undefined"), Error);
+  CHECK_THROWS_WITH_AS(backward(Var<double>(), zeros<double>({2})), doctest::Contains("backward: the output is undefined"),
+                       Error);
+  Var<double> x = scalar_param(2.0);
+  const Var<double> y = x * x;
+  CHECK_THROWS_WITH_AS(backward(y, Tensor<double>()),
+                       doctest::Contains("backward: the seed gradient is undefined (a default-constructed Tensor"),
+                       Error);
+  backward(y);  // the refused seed left nothing behind
+  CHECK(x.grad().item() == 4.0);
+}
+
+TEST_CASE("a Var cannot hold an undefined tensor") {
+  CHECK_THROWS_WITH_AS(param(Tensor<float>()), "param: the value is undefined (a default-constructed Tensor, with no storage)",
+                       Error);
+  CHECK_THROWS_WITH_AS(constant(Tensor<float>()), doctest::Contains("constant: the value is undefined"), Error);
+  CHECK_THROWS_WITH_AS(Var<float>(Tensor<float>()), doctest::Contains("Var: the value is undefined"), Error);
+  CHECK_THROWS_WITH_AS(Var<float>().shape(), doctest::Contains("Var: the variable is undefined"), Error);
+}
+
+namespace {
+// A thread that records y = x² on its default tape, hands y over and keeps recording until told to stop.
+class RecordingThread {
+ public:
+  explicit RecordingThread(const Var<double>& x) {
+    thread_ = std::thread([this, x] {
+      {
+        const std::lock_guard lock(mutex_);
+        y_ = x * x;
+        ready_ = true;
+      }
+      ready_signal_.notify_one();
+      // Records on y's tape while the other thread tries its backward (clearing would make y stale instead).
+      for (int i = 0; !stop_ && i < 100000; ++i) Var<double> busy = x * 3.0;
+      while (!stop_) std::this_thread::yield();
+    });
+    std::unique_lock lock(mutex_);
+    ready_signal_.wait(lock, [this] { return ready_; });
+  }
+  ~RecordingThread() {
+    stop_ = true;
+    thread_.join();
+  }
+  const Var<double>& y() const { return y_; }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_signal_;
+  bool ready_ = false;
+  std::atomic<bool> stop_ = false;
+  Var<double> y_;
+  std::thread thread_;
+};
+}  // namespace
+
+TEST_CASE("backward on a tape another thread is using is refused, however often it is tried") {
+  Var<double> x = scalar_param(2.0);
+  const RecordingThread other(x);
+  for (int attempt = 0; attempt < 2000; ++attempt) {
+    CHECK_THROWS_WITH_AS(backward(other.y()),
+                         doctest::Contains("backward: the tape is in use by another thread (active there, or running "
+                                           "backward); a tape is used by one thread at a time"),
+                         AutodiffError);
+  }
+  CHECK_FALSE(x.grad().defined());  // the refused passes added nothing
+  backward(eval(x * 5.0));          // this thread's own tape works as before
+  CHECK(x.grad().item() == 5.0);
+}
+
+TEST_CASE("a tape another thread is using cannot be made active or cleared here") {
+  Tape shared;
+  std::mutex mutex;
+  std::condition_variable signal;
+  bool active = false, done = false;
+  std::thread owner([&] {
+    const TapeScope scope(shared);
+    std::unique_lock lock(mutex);
+    active = true;
+    signal.notify_all();
+    signal.wait(lock, [&] { return done; });
+  });
+  {
+    std::unique_lock lock(mutex);
+    signal.wait(lock, [&] { return active; });
+  }
+  CHECK_THROWS_WITH_AS(TapeScope{shared}, doctest::Contains("TapeScope: the tape is in use by another thread"),
+                       AutodiffError);
+  CHECK_THROWS_WITH_AS(shared.clear(), doctest::Contains("Tape::clear: the tape is in use by another thread"),
+                       AutodiffError);
+  {
+    const std::lock_guard lock(mutex);
+    done = true;
+  }
+  signal.notify_all();
+  owner.join();
+  const TapeScope scope(shared);  // free once the other thread's scope ended
+  CHECK(&Tape::active() == &shared);
+}
+
+TEST_CASE("a tape recorded on in another thread's scope runs backward here once that scope ended") {
+  Tape shared;
+  Var<double> x = scalar_param(3.0);
+  Var<double> y;
+  std::thread([&] {
+    const TapeScope scope(shared);
+    y = x * x;
+  }).join();
+  backward(y);
+  CHECK(x.grad().item() == 6.0);
+}
+
+TEST_CASE("backward passes on several threads' own tapes add into shared parameters without losing any") {
+  Var<double> w = param(ones<double>({64}));
+  const Tensor<double> input = randn<double>({64}, 5);
+  constexpr int threads = 4, passes = 200;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < passes; ++i) {
+        backward(sum(w * constant(input)));  // dL/dw = input each time
+        Tape::active().clear();
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  Tensor<double> want(input.shape());
+  for (std::int64_t i = 0; i < want.numel(); ++i) want.flat(i) = threads * passes * input.flat(i);
+  check_close(w.grad(), want, {1e-12, 1e-9});
 }

@@ -252,3 +252,48 @@ TEST_CASE("dtype names and sizes") {
   static_assert(std::is_same_v<compute_t<double>, double>);
   static_assert(is_float_dtype_v<bf16> && !is_float_dtype_v<std::int32_t>);
 }
+
+TEST_CASE("a shape whose dimensions multiply past 2^63 - 1 is refused naming it") {
+  const std::int64_t big = std::int64_t{1} << 32;
+  CHECK_THROWS_WITH_AS(Shape({big, big}),
+                       "shape: the dimensions [4294967296, 4294967296] multiply to more than 2^63 - 1 elements, which "
+                       "an int64 cannot count",
+                       Error);
+  CHECK_THROWS_WITH_AS(Shape({3, std::int64_t{1} << 62}), doctest::Contains("[3, 4611686018427387904] multiply"),
+                       Error);
+  // Empty, but its strides would still overflow.
+  CHECK_THROWS_WITH_AS(Shape({0, big, big}), doctest::Contains("multiply to more than 2^63 - 1"), Error);
+  CHECK(Shape({big, big / 2 - 1}).numel() == big * (big / 2 - 1));
+  CHECK(Shape({0, big}).numel() == 0);
+  CHECK_THROWS_WITH_AS(Tensor<float>({0}).reshape({big, big}), doctest::Contains("shape: the dimensions"), Error);
+}
+
+TEST_CASE("a tensor of more than 2^63 - 1 bytes is refused naming the factory, the shape and the dtype") {
+  const Shape huge{std::int64_t{1} << 62};  // 2^62 elements: 2^64 bytes of f32
+  const std::string bytes = " would take 4611686018427387904 × 4 bytes, more than the 2^63 - 1 bytes that memory can "
+                            "address";
+  CHECK_THROWS_WITH_AS(zeros<float>(huge), ("zeros: a tensor of shape [4611686018427387904] and dtype f32" + bytes).c_str(),
+                       Error);
+  CHECK_THROWS_WITH_AS(ones<float>(huge), doctest::Contains("ones: a tensor of shape [4611686018427387904]"), Error);
+  CHECK_THROWS_WITH_AS(full<float>(huge, 2), doctest::Contains("full: a tensor of shape"), Error);
+  CHECK_THROWS_WITH_AS(randn<float>(huge, 1), doctest::Contains("randn: a tensor of shape"), Error);
+  CHECK_THROWS_WITH_AS(rand_uniform<float>(huge, 1), doctest::Contains("rand_uniform: a tensor of shape"), Error);
+  CHECK_THROWS_WITH_AS(rand_int<std::int64_t>(huge, 1, 0, 2), doctest::Contains("rand_int: a tensor of shape"), Error);
+  CHECK_THROWS_WITH_AS(Tensor<float>{huge}, ("Tensor: a tensor of shape [4611686018427387904] and dtype f32" + bytes).c_str(),
+                       Error);
+  CHECK_THROWS_WITH_AS(Tensor<double>({std::int64_t{1} << 60}), doctest::Contains("dtype f64 would take"), Error);
+  CHECK(zeros<float>({4}).numel() == 4);  // and the next tensor is made as usual
+}
+
+TEST_CASE("reading an undefined tensor throws naming the access") {
+  const Tensor<float> none;
+  CHECK_FALSE(none.defined());
+  CHECK_THROWS_WITH_AS(none.flat(0), "flat: the tensor is undefined (a default-constructed Tensor, with no storage)",
+                       Error);
+  CHECK_THROWS_WITH_AS(none.item(), doctest::Contains("item: the tensor is undefined"), Error);
+  CHECK_THROWS_WITH_AS(none.span(), doctest::Contains("span: the tensor is undefined"), Error);
+  CHECK_THROWS_WITH_AS(none.to_vector(), doctest::Contains("to_vector: the tensor is undefined"), Error);
+  CHECK_THROWS_WITH_AS(none(0), doctest::Contains("index: the tensor is undefined"), Error);
+  CHECK_THROWS_WITH_AS(cast<double>(none), doctest::Contains("cast: the tensor is undefined"), Error);
+  CHECK_FALSE(none.clone().defined());
+}

@@ -91,8 +91,10 @@ class Module {
   void add_child(std::string name, Module& child);
 
  protected:
-  // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...).
+  // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...). The
+  // inputs (Vars) are checked to be defined first, naming the module.
   template <class Body, class... Inputs> auto traced(Body&& body, const Inputs&... inputs) const {
+    check_defined_inputs(type_name_, inputs...);
     return trace_call(*this, std::forward<Body>(body), inputs...);
   }
   // Throws naming this module unless x has at least `min_rank` axes and the last has size `features`.

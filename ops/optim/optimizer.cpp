@@ -1,6 +1,7 @@
 #include "ops/optim/optimizer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -40,6 +41,7 @@ Optimizer::Optimizer(std::string name, nn::ParameterList parameters, int state_b
 
 void Optimizer::require(bool ok, std::string_view what, std::string_view rule, double value) const {
   check(ok, name_, what, " must be ", rule, ", got ", value);
+  check(std::isfinite(value), name_, what, " must be finite, got ", value);
 }
 
 void Optimizer::step() {

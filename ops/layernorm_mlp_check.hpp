@@ -1,0 +1,53 @@
+// What layernorm_mlp accepts, checked in one place for the node and for the composite of primitive ops it is tested
+// against, so that the two cannot disagree on what is valid. Internal: included by ops/layernorm_mlp*.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "ops/layernorm_mlp.hpp"
+
+namespace tapegrad::detail {
+
+struct MlpDims {
+  std::int64_t rows, hidden, ffn, width;  // M, H, F, n
+};
+
+// The arguments' shapes; an absent beta or bias is null.
+struct MlpShapes {
+  const Shape& x;
+  const Shape& gamma;
+  const Shape* beta;
+  const Shape& w1;
+  const Shape* b1;
+  const Shape& w2;
+  const Shape* b2;
+};
+
+// The block's sizes. Throws Error naming `op` for a shape, an option or an enum value that is not valid, or a
+// scratch tensor of T (`compute`'s scratch: [M, n·F]) too large to address, before anything is allocated.
+MlpDims check_mlp_arguments(std::string_view op, const MlpShapes& shapes, DType compute,
+                            const LayerNormMLPOptions& options);
+
+// "<op>: <what> is undefined (...); x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)"
+[[noreturn]] void throw_undefined_mlp_argument(std::string_view op, std::string_view what);
+
+template <class T, class P>
+MlpDims check_mlp_arguments(std::string_view op, const Var<T>& x, const Var<P>& gamma, const Var<P>& beta,
+                            const MLPKernels<P>& kernels, const MLPBiases<P>& biases,
+                            const LayerNormMLPOptions& options) {
+  const auto require = [&](bool defined, std::string_view what) {
+    if (!defined) throw_undefined_mlp_argument(op, what);
+  };
+  require(x.defined(), "x");
+  require(gamma.defined(), "gamma");
+  require(kernels.w1.defined(), "w1");
+  require(kernels.w2.defined(), "w2");
+  const auto shape_of = [](const Var<P>& v) { return v.defined() ? &v.shape() : nullptr; };
+  return check_mlp_arguments(op,
+                             {x.shape(), gamma.shape(), shape_of(beta), kernels.w1.shape(), shape_of(biases.b1),
+                              kernels.w2.shape(), shape_of(biases.b2)},
+                             compute_dtype(dtype_v<T>), options);
+}
+
+}  // namespace tapegrad::detail
