@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "ops/layernorm_mlp.hpp"
+#include "tensor/device_checks.hpp"
 
 namespace tapegrad::detail {
 
@@ -24,7 +25,7 @@ struct MlpShapes {
   const Shape* b2;
 };
 
-// The block's sizes. Throws Error naming `op` for a shape, an option or an enum value that is not valid, or a
+// The block's sizes. Throws Error naming `op` for a shape, device, option or enum value that is not valid, or a
 // scratch tensor of T (`compute`'s scratch: [M, n·F]) too large to address, before anything is allocated.
 MlpDims check_mlp_arguments(std::string_view op, const MlpShapes& shapes, DType compute,
                             const LayerNormMLPOptions& options);
@@ -43,6 +44,13 @@ MlpDims check_mlp_arguments(std::string_view op, const Var<T>& x, const Var<P>& 
   require(gamma.defined(), "gamma");
   require(kernels.w1.defined(), "w1");
   require(kernels.w2.defined(), "w2");
+  // On x's device, numbered as the node's inputs: x, gamma, beta, w1, b1, w2, b2.
+  std::size_t input = 1;
+  const auto on_x_device = [&](const Var<P>& v) {
+    if (v.defined()) check_device_matches(op, x.device(), input, v.device());
+    ++input;
+  };
+  for (const Var<P>* v : {&gamma, &beta, &kernels.w1, &biases.b1, &kernels.w2, &biases.b2}) on_x_device(*v);
   const auto shape_of = [](const Var<P>& v) { return v.defined() ? &v.shape() : nullptr; };
   return check_mlp_arguments(op,
                              {x.shape(), gamma.shape(), shape_of(beta), kernels.w1.shape(), shape_of(biases.b1),
