@@ -145,6 +145,7 @@ GradcheckResult gradcheck(const GradcheckFunction& f, const std::vector<Tensor<d
   // A NaN tolerance makes every comparison false, which would pass everything.
   check(options.atol >= 0 && options.rtol >= 0, "gradcheck", "atol and rtol must be non-negative numbers, got ",
         options.atol, " and ", options.rtol);
+  for (std::size_t i = 0; i < inputs.size(); ++i) check_defined(inputs[i], "gradcheck", detail::concat("input ", i));
   Checker c{f, {}, options, {}};
   for (const auto& t : inputs) c.x.push_back(t.clone());
   if (options.fast_mode) {

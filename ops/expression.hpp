@@ -66,7 +66,9 @@ inline Term scalar_of(const Term&, double v) { return Term::constant(v); }
 using GradientTerms = std::vector<std::optional<Term>>;
 
 // Evaluates `assign(device)` on the pool when `n` elements are worth it.
-template <class Assign> void run(std::int64_t n, Assign&& assign) { run_on_cpu(n * 8, assign); }
+template <class Assign> void run(std::int64_t n, Assign&& assign) {
+  run_on_cpu(n > parallel_threshold ? parallel_threshold : n * 8, assign);
+}
 
 template <class T> class Leaf : public ExpressionTag {
  public:
@@ -155,6 +157,7 @@ template <class Op, class A> class Unary : public ExpressionTag {
     a_.template backprop_terms<Offset>(op_.backward(a_.template term<Offset>(), g), grads);
   }
   bool requires_grad() const { return a_.requires_grad(); }
+  static const char* op_name() { return Op::name(); }
   void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const { a_.collect(out); }
   void describe(std::string& s, int& next) const {
     s += op_.name();
@@ -197,6 +200,7 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
     if (b_.requires_grad()) b_.template backprop_terms<Offset + A::leaves>(Op::backward_b(x, y, g), grads);
   }
   bool requires_grad() const { return a_.requires_grad() || b_.requires_grad(); }
+  static const char* op_name() { return Op::name(); }
   void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const {
     a_.collect(out);
     b_.collect(out);
@@ -335,8 +339,9 @@ template <class E> class GpuExpressionNode final : public Node {
 
 // Evaluates `e` on `device` (a GPU) as one program, and records its node.
 template <class E, class T = typename E::element_type>
-Var<T> evaluate_on_gpu(const E& e, const std::string& name, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
+Var<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
                        const std::vector<Shape>& shapes, const Shape& output, Device device) {
+  const std::string name = describe(e);
   cuda::ElementBuffers buffers;
   for (std::size_t k = 0; k < slots.size(); ++k) buffers.inputs[k] = slots[k]->value.data();
   Tensor<T> out(output, device);
@@ -354,8 +359,8 @@ Var<T> evaluate_on_gpu(const E& e, const std::string& name, const std::vector<st
   return y;
 }
 
-// evaluate(e) under `name` (its node's name, and the op its errors name).
-template <class E> Var<typename E::element_type> evaluate_as(const E& e, const std::string& name) {
+// evaluate(e); the expression is described (for its node's name and its errors) only when that is needed.
+template <class E> Var<typename E::element_type> evaluate_in_scope(const E& e) {
   using T = typename E::element_type;
   std::vector<std::shared_ptr<VarImpl<T>>> slots;
   slots.reserve(E::leaves);
@@ -363,23 +368,27 @@ template <class E> Var<typename E::element_type> evaluate_as(const E& e, const s
   std::vector<Shape> shapes;
   std::vector<const Tensor<T>*> leaves;
   for (std::size_t k = 0; k < slots.size(); ++k) {
-    if (!slots[k]) detail::throw_undefined_var(name, "operand x" + std::to_string(k));
+    if (!slots[k]) detail::throw_undefined_var(describe(e), "operand x" + std::to_string(k));
     if (const char* why = unusable_input_reason(*slots[k])) {
-      throw AutodiffError(name + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() + why);
+      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() +
+                          why);
     }
-    check_device_matches(name, slots.front()->value.device(), k, slots[k]->value.device());
+    const Device operand_device = slots[k]->value.device();
+    if (!(operand_device == slots.front()->value.device())) {
+      detail::throw_mixed_devices(describe(e), slots.front()->value.device(), k, operand_device);
+    }
     shapes.push_back(slots[k]->value.shape());
     leaves.push_back(&slots[k]->value);
   }
   const Device device = slots.front()->value.device();  // every expression has a leaf
   if (!broadcastable(shapes)) {
-    std::string msg = name + ": operand shapes";
+    std::string msg = describe(e) + ": operand shapes";
     for (const Shape& s : shapes) msg += " " + s.str();
     throw Error(msg + " cannot be broadcast together");
   }
-  const BroadcastPlan plan = plan_broadcast(shapes, name.c_str());
+  const BroadcastPlan plan = plan_broadcast(shapes, "elementwise");
   if constexpr (cuda::enabled) {
-    if (!device.is_cpu()) return evaluate_on_gpu(e, name, slots, shapes, plan.output, device);
+    if (!device.is_cpu()) return evaluate_on_gpu(e, slots, shapes, plan.output, device);
   }
   Tensor<T> out(plan.output);
   with_context<T>(plan, leaves, [&](const auto& ctx) {
@@ -390,7 +399,7 @@ template <class E> Var<typename E::element_type> evaluate_as(const E& e, const s
   const bool record = grad_enabled() && e.requires_grad();
   Var<T> y(std::move(out), record);
   if (record) {
-    auto node = std::make_unique<ExpressionNode<E>>(name, e, plan);
+    auto node = std::make_unique<ExpressionNode<E>>(describe(e), e, plan);
     node->inputs.assign(slots.begin(), slots.end());
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));
@@ -398,9 +407,10 @@ template <class E> Var<typename E::element_type> evaluate_as(const E& e, const s
   return y;
 }
 
+// Errors raised below (a result too large, memory) name the expression's outermost op, e.g. "add": describing the
+// whole expression costs a string per evaluation.
 template <class E> Var<typename E::element_type> evaluate(const E& e) {
-  const std::string name = describe(e);  // the node's name, and the op that errors name
-  return run_op(name, [&] { return evaluate_as(e, name); });
+  return run_op(E::op_name(), [&] { return evaluate_in_scope(e); });
 }
 
 // The public face of every expression: evaluation into a Var.

@@ -37,7 +37,10 @@ void set_num_threads(int threads) {
 void parallel_for(std::int64_t n, std::int64_t cost_per_item,
                   const std::function<void(std::int64_t, std::int64_t)>& body) {
   if (n <= 0) return;
-  if (n * std::max<std::int64_t>(cost_per_item, 1) < parallel_threshold || num_threads() == 1) {
+  std::int64_t work = 0;  // an overflowing product is plenty of work
+  const bool large = __builtin_mul_overflow(n, std::max<std::int64_t>(cost_per_item, 1), &work) ||
+                     work >= parallel_threshold;
+  if (!large || num_threads() == 1) {
     body(0, n);
     return;
   }

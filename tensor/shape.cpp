@@ -31,6 +31,7 @@ Shape::Shape(std::span<const std::int64_t> dims) {
                                  " multiply to more than 2^63 - 1 elements, which an int64 cannot count"));
     }
   }
+  numel_ = std::find(dims_.begin(), dims_.begin() + rank_, 0) != dims_.begin() + rank_ ? 0 : product;
 }
 
 std::size_t Shape::normalize_axis(int axis, const char* op) const {

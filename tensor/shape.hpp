@@ -21,11 +21,8 @@ class Shape {
   explicit Shape(const std::vector<std::int64_t>& dims) : Shape(std::span<const std::int64_t>(dims)) {}
 
   int rank() const { return rank_; }
-  std::int64_t numel() const {  // inline: loops test `i < t.numel()` on every step
-    std::int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];
-    return n;
-  }
+  // Kept from construction: loops test `i < t.numel()` on every step, and element access checks its index.
+  std::int64_t numel() const { return numel_; }
   std::int64_t operator[](int axis) const { return dims_[static_cast<std::size_t>(axis)]; }
   // Dimension at `axis`, counting from the back when negative; throws naming `op` when out of range.
   std::int64_t dim(int axis, const char* op = "shape") const { return dims_[normalize_axis(axis, op)]; }
@@ -42,6 +39,7 @@ class Shape {
  private:
   std::array<std::int64_t, max_rank> dims_{};
   int rank_ = 0;
+  std::int64_t numel_ = 1;
 };
 
 std::ostream& operator<<(std::ostream& out, const Shape& s);

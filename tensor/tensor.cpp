@@ -15,6 +15,11 @@ std::size_t tensor_bytes(const Shape& shape, DType dtype) {
   return static_cast<std::size_t>(bytes);
 }
 
+void throw_flat_index(std::int64_t index, const Shape& shape) {
+  throw Error(concat("flat: index ", index, " is out of range for a tensor of shape ", shape, " (", shape.numel(),
+                     " elements)"));
+}
+
 void throw_undefined_tensor(std::string_view op, std::string_view what) {
   throw Error(concat(op, ": ", what, " is undefined (a default-constructed Tensor, with no storage)"));
 }

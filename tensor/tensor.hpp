@@ -29,6 +29,7 @@ namespace detail {
 // shape and the dtype when that is more than memory can address (2^63 - 1 bytes), before anything is allocated.
 std::size_t tensor_bytes(const Shape& shape, DType dtype);
 [[noreturn]] void throw_undefined_tensor(std::string_view op, std::string_view what);
+[[noreturn]] void throw_flat_index(std::int64_t index, const Shape& shape);
 }  // namespace detail
 
 // Throws "<op>: <what> is undefined (a default-constructed Tensor, with no storage)" unless `t` is defined.
@@ -68,10 +69,12 @@ template <class T> class Tensor {
   // Element access by flat (row-major) index, and by multi-index.
   T& flat(std::int64_t i) {
     on_host("flat");
+    in_range(i);
     return data()[i];
   }
   const T& flat(std::int64_t i) const {
     on_host("flat");
+    in_range(i);
     return data()[i];
   }
   template <class... I> T& operator()(I... idx) {
@@ -113,6 +116,11 @@ template <class T> class Tensor {
   void on_host(const char* op) const {
     check_defined(*this, op);
     if (!device_.is_cpu()) [[unlikely]] detail::throw_not_on_host(op, device_);
+  }
+  void in_range(std::int64_t i) const {
+    if (static_cast<std::uint64_t>(i) >= static_cast<std::uint64_t>(numel())) [[unlikely]] {
+      detail::throw_flat_index(i, shape_);
+    }
   }
   Tensor copy_to(Device device) const {
     if (!defined()) return {};

@@ -174,4 +174,6 @@ TEST_CASE("gradcheck refuses an infinite eps and NaN or negative tolerances, whi
   CHECK_THROWS_WITH_AS(gradcheck(f, {x3}, {.atol = NAN}),
                        doctest::Contains("gradcheck: atol and rtol must be non-negative numbers, got nan"), Error);
   CHECK_THROWS_WITH_AS(gradcheck(f, {x3}, {.rtol = -1}), doctest::Contains("and -1"), Error);
+  CHECK_THROWS_WITH_AS(gradcheck(f, {x3, Tensor<double>()}),
+                       "gradcheck: input 1 is undefined (a default-constructed Tensor, with no storage)", Error);
 }

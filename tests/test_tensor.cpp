@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "support.hpp"
@@ -296,4 +297,13 @@ TEST_CASE("reading an undefined tensor throws naming the access") {
   CHECK_THROWS_WITH_AS(none(0), doctest::Contains("index: the tensor is undefined"), Error);
   CHECK_THROWS_WITH_AS(cast<double>(none), doctest::Contains("cast: the tensor is undefined"), Error);
   CHECK_FALSE(none.clone().defined());
+}
+
+TEST_CASE("a flat index out of range throws naming the index and the shape") {
+  Tensor<float> t = zeros<float>({2, 3});
+  CHECK_THROWS_WITH_AS(t.flat(6), "flat: index 6 is out of range for a tensor of shape [2, 3] (6 elements)", Error);
+  CHECK_THROWS_WITH_AS(std::as_const(t).flat(-1), doctest::Contains("flat: index -1 is out of range"), Error);
+  CHECK_THROWS_AS(Tensor<double>({0}).flat(0), Error);
+  t.flat(5) = 1.0f;
+  CHECK(t(1, 2) == 1.0f);
 }
