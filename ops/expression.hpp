@@ -383,7 +383,10 @@ template <class E> Var<typename E::element_type> evaluate_in_scope(const E& e) {
   const Device device = slots.front()->value.device();  // every expression has a leaf
   if (!broadcastable(shapes)) {
     std::string msg = describe(e) + ": operand shapes";
-    for (const Shape& s : shapes) msg += " " + s.str();
+    for (const Shape& s : shapes) {  // two appends: GCC 12 reports a false -Wrestrict on `" " + s.str()` here
+      msg += ' ';
+      msg += s.str();
+    }
     throw Error(msg + " cannot be broadcast together");
   }
   const BroadcastPlan plan = plan_broadcast(shapes, "elementwise");

@@ -99,7 +99,7 @@ class HostCache {
  public:
   void* allocate(std::size_t bytes) {
     const std::size_t size = block_size(bytes);
-    {
+    if (size >= min_cached_bytes) {  // (smaller blocks are never cached: no lock to look)
       std::lock_guard lock(mutex_);
       if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
