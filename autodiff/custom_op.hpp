@@ -26,9 +26,9 @@
 #include <utility>
 #include <vector>
 
-#include "autodiff/var.hpp"
-#include "tensor/factories.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/autodiff/var.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad {
 

@@ -1,10 +1,10 @@
-#include "autodiff/gradcheck.hpp"
+#include "tapegrad/autodiff/gradcheck.hpp"
 
 #include <cmath>
 #include <ostream>
 #include <sstream>
 
-#include "tensor/factories.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

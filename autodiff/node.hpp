@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad {
 

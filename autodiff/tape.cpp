@@ -1,10 +1,10 @@
-#include "autodiff/tape.hpp"
+#include "tapegrad/autodiff/tape.hpp"
 
 #include <mutex>
 #include <thread>
 
-#include "tensor/error.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
 
 namespace tapegrad {
 

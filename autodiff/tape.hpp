@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autodiff/node.hpp"
+#include "tapegrad/autodiff/node.hpp"
 
 namespace tapegrad {
 

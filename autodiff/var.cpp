@@ -1,13 +1,11 @@
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 #include <array>
 #include <cstdint>
 #include <mutex>
 
-#include "cuda/elementwise.hpp"
-#include "cuda/enabled.hpp"
-#include "tensor/eigen.hpp"
-#include "tensor/factories.hpp"
+#include "tapegrad/tensor/accumulate.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad {
 
@@ -32,23 +30,7 @@ std::mutex& leaf_lock(const void* leaf) {
 }  // namespace
 
 template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g) {
-  if (!sum.defined()) {
-    sum = g;
-    return;
-  }
-  Tensor<T> total(sum.shape(), g.device());
-  if (!g.device().is_cpu()) {
-    if constexpr (cuda::enabled) {
-      cuda::add(dtype_v<T>, g.device().index, sum.data(), g.data(), total.data(), total.numel());
-    }
-    sum = total;
-    return;
-  }
-  auto out = flat_view(total);
-  auto a = flat_view(std::as_const(sum));
-  auto b = flat_view(g);
-  run_on_cpu(total.numel(), [&](auto& device) { out.device(device) = a + b; });
-  sum = total;
+  sum = sum.defined() ? sum_of(sum, g) : g;
 }
 
 template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, std::string_view who, std::ptrdiff_t input) {

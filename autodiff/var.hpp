@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "autodiff/node.hpp"
-#include "autodiff/tape.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/autodiff/node.hpp"
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
 
 namespace tapegrad {
 
@@ -136,7 +136,7 @@ template <class T> void check_defined_inputs(std::string_view op, const std::vec
   }
 }
 
-// Where an op starts: its inputs are defined, and it is the op in scope (tensor/op_scope.hpp) for the errors raised
+// Where an op starts: its inputs are defined, and it is the op in scope (tensor/core/op_scope.hpp) for the errors raised
 // below it, such as a result shape too large to count.
 template <class... Ts> [[nodiscard]] OpScope enter_op(std::string_view op, const Var<Ts>&... inputs) {
   check_defined_inputs(op, inputs...);

@@ -6,8 +6,8 @@
 #include <iostream>
 #include <vector>
 
-#include "tensor/eigen.hpp"
-#include "tensor/host_memory.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/host_memory.hpp"
 
 namespace bench {
 

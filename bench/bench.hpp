@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tensor/shape.hpp"
+#include "tapegrad/tensor/shape.hpp"
 
 namespace bench {
 

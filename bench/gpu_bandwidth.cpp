@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/elementwise.hpp"
-#include "cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/cuda/mlp_activation.hpp"
 #include "gpu_timing.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace bench {
 
@@ -115,7 +115,6 @@ template <class T> void layernorm_group(const char* dtype) {
 template <class T> void mlp_activation_group(const char* dtype) {
   using namespace tapegrad;
   using C = compute_t<T>;
-  using cuda::MlpActivation, cuda::MlpFunction, cuda::MlpGate;
   const MlpActivation gelu{MlpFunction::gelu_tanh, MlpGate::none}, swiglu{MlpFunction::swish, MlpGate::linear};
   const struct {
     const char* name;

@@ -4,17 +4,17 @@
 // backward, and backward alone (their difference), medians of CUDA-event timings; TFLOP/s on the GEMM flops (forward
 // 4·M·H·F, backward 8·M·H·F; gated 1.5×); and the peak extra device memory of a forward + backward step: the most
 // tapegrad held during it beyond what was held before (inputs and parameters), gradients included, as the peers'
-// peak_extra_mib; and the forward + backward step captured once as a CUDA graph (cuda/graph.hpp) and replayed
+// peak_extra_mib; and the forward + backward step captured once as a CUDA graph (tensor/gpu/graph.hpp) and replayed
 // ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
 // GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
 #include <string>
 
-#include "cuda/blaslt.hpp"
-#include "cuda/graph.hpp"
-#include "cuda/memory.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/tensor/gpu/graph.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 #include "gpu_mlp_block.hpp"
 #include "gpu_timing.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace bench {
 

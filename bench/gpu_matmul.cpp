@@ -4,10 +4,10 @@
 // entry point, into a preallocated output; and tapegrad's matmul under NoGradGuard (which takes its output from the
 // device's pool each call). Each repetition is timed alone between two CUDA events on the device's current stream;
 // the median after warm-up is reported. Without a GPU it prints one line saying it skipped.
-#include "cuda/blaslt.hpp"
-#include "cuda/device.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 #include "gpu_timing.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace bench {
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace bench {
 

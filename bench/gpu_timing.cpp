@@ -2,9 +2,9 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/check.cuh"
-#include "cuda/device.hpp"
-#include "cuda/memory.hpp"
+#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/device.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 
 namespace bench {
 

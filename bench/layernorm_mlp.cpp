@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "bench.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace bench {
 

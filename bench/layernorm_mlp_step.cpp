@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <string>
 
-#include "cuda/blaslt.hpp"
-#include "cuda/memory.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 #include "gpu_mlp_block.hpp"
 
 using namespace tapegrad;

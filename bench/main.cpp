@@ -11,9 +11,9 @@
 #include <string>
 
 #include "bench.hpp"
-#include "cuda/enabled.hpp"
-#include "ops/gemm.hpp"
-#include "tensor/eigen.hpp"
+#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 #ifdef TAPEGRAD_HAVE_CBLAS
 #include <cblas.h>

@@ -9,7 +9,7 @@
 // Split-K: only algorithms that add partial sums in the compute type (or do not split) are allowed; cuBLASLt's
 // other schemes add them in the output type, which for bf16/f16 would round more than once.
 // K == 0 is no cuBLASLt problem (an [M, 0] operand has no valid layout): a small kernel writes beta · C + bias.
-#include "cuda/blaslt.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
 
 #include <cublasLt.h>
 
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/activation_math.hpp"
-#include "cuda/cublas_check.cuh"
-#include "cuda/launch.cuh"
+#include "tapegrad/cuda/cublas_check.cuh"
+#include "tapegrad/tensor/core/activation_math.hpp"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

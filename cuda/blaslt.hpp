@@ -1,4 +1,4 @@
-// Matrix products on the GPU through cuBLASLt. Plain C++ (see cuda/enabled.hpp for how ops call it).
+// Matrix products on the GPU through cuBLASLt. Plain C++ (see tensor/gpu/backend.hpp for how ops call it).
 //
 // C_i = alpha · op(A_i) · op(B_i) + beta · C_i (+ bias)      for every batch entry i < batch
 //
@@ -21,7 +21,8 @@
 
 #include <cstdint>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/cuda/settings.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 
@@ -66,22 +67,5 @@ struct GemmArgs {
 // Runs the product on `device`. Throws tapegrad::Error naming the shapes for a dtype without a GPU GEMM, negative
 // sizes, leading dimensions shorter than their rows, overlapping output matrices, or a cuBLASLt failure.
 void gemm(const GemmArgs& args, int device);
-
-// Whether f32 products may use TF32 tensor cores (process-wide; off by default). Like PyTorch's
-// torch.backends.cuda.matmul.allow_tf32: typically several times faster, with relative errors near 1e-3 instead of
-// 1e-6. Products already running are not affected.
-void set_allow_tf32(bool allow);
-bool allow_tf32();
-
-// Whether a problem's algorithm is chosen by timing (process-wide; off by default). On: the first call of each problem
-// times cuBLASLt's first 8 candidates (three rounds of 3 runs each, on the problem's own inputs, into scratch; before
-// each run a read of scratch twice the L2's size, so that the run finds its operands in memory, as in a training step)
-// and keeps the fastest, as XLA's autotuner or cuDNN's benchmark mode do. That first call waits for the timings; every
-// later call of the problem runs the kept algorithm and gives the same bits, but two processes may keep different
-// algorithms (timings vary), so results can differ between processes in the last bits. Off: cuBLASLt's heuristic first
-// choice, the same in every process. A problem first seen while its stream is being captured into a CUDA graph gets the
-// heuristic choice either way.
-void set_gemm_autotune(bool enable);
-bool gemm_autotune();
 
 }  // namespace tapegrad::cuda

@@ -5,7 +5,7 @@
 
 #include <cublasLt.h>
 
-#include "tensor/error.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad::cuda {
 

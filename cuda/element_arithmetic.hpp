@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "cuda/activation_math.hpp"
-#include "cuda/element_op.hpp"
-#include "tensor/host_device.hpp"
+#include "tapegrad/cuda/element_op.hpp"
+#include "tapegrad/tensor/core/activation_math.hpp"
+#include "tapegrad/tensor/core/host_device.hpp"
 
 namespace tapegrad::cuda {
 

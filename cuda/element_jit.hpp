@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/element_source.hpp"
+#include "tapegrad/cuda/element_source.hpp"
 
 namespace tapegrad::cuda {
 

@@ -1,9 +1,9 @@
-#include "cuda/element_source.hpp"
+#include "tapegrad/cuda/element_source.hpp"
 
 #include <algorithm>
 #include <sstream>
 
-#include "tensor/error.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad::cuda {
 
@@ -116,7 +116,7 @@ std::string element_kernel_source(const ElementProgram& program, const ElementKe
   // written whole by one store instruction), and loads them all before any arithmetic: U · inputs loads of 16 bytes
   // in flight per thread. Values are arrays of N = U · V. Indices are 32-bit where the form allows (cheaper
   // division for broadcast rows, fewer registers).
-  s << "#include \"cuda/element_arithmetic.hpp\"\n"
+  s << "#include \"tapegrad/cuda/element_arithmetic.hpp\"\n"
     << "using tapegrad::cuda::ElementOp;\nusing tapegrad::cuda::element_arithmetic;\n"
     << type_prelude(form.dtype) << parameter_structs() << "constexpr int V = " << V
     << ", U = " << values_per_step(program, V) / V << ", N = U * V;\nusing I = " << (form.narrow ? "int" : "long long")

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/elementwise.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
 
 namespace tapegrad::cuda {
 

@@ -10,17 +10,17 @@
 // card's bandwidth. The main (staged) kernel therefore copies the inputs of the next few groups into shared
 // memory with cp.async while it interprets the current one: a program reads its inputs from shared memory, and
 // the bytes in flight are set by the number of stages, not by the registers.
-#include "cuda/elementwise.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <iterator>
 #include <optional>
 
-#include "cuda/async_copy.cuh"
-#include "cuda/element_arithmetic.hpp"
-#include "cuda/element_jit.hpp"
-#include "cuda/launch.cuh"
+#include "tapegrad/cuda/async_copy.cuh"
+#include "tapegrad/cuda/element_arithmetic.hpp"
+#include "tapegrad/cuda/element_jit.hpp"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 
@@ -442,22 +442,6 @@ void run_element_program(DType dtype, int device, const ElementProgram& program,
     if (layout.flat) launch_direct<S, true>(launch_on, program, layout, buffers, 0, n);
     else launch_direct<S, false>(launch_on, program, layout, buffers, 0, n);
   });
-}
-
-void add(DType dtype, int device, const void* a, const void* b, void* out, std::int64_t n) {
-  ElementProgram program;
-  program.size = 4;
-  program.code[0] = {ElementOp::input, 0, 0, 0, 0.0};
-  program.code[1] = {ElementOp::input, 1, 1, 0, 0.0};
-  program.code[2] = {ElementOp::add, 0, 0, 1, 0.0};
-  program.code[3] = {ElementOp::store, 0, 0, 0, 0.0};
-  ElementLayout layout;
-  layout.dims[0] = n;
-  ElementBuffers buffers;
-  buffers.inputs[0] = a;
-  buffers.inputs[1] = b;
-  buffers.outputs[0] = out;
-  run_element_program(dtype, device, program, layout, buffers, n);
 }
 
 }  // namespace tapegrad::cuda

@@ -10,8 +10,9 @@
 
 #include <cstdint>
 
-#include "cuda/element_op.hpp"
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/cuda/element_op.hpp"
+#include "tapegrad/cuda/settings.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 
@@ -50,21 +51,8 @@ struct ElementBuffers {
   bool wide[max_element_outputs] = {};
 };
 
-// Which kernel runs a program: one made for it (cuda/element_jit.hpp: compiled by NVRTC once per program shape, then
-// kept; straight-line code, near the card's bandwidth) or the one kernel that interprets every program (no
-// compilation, but about half the bandwidth in bf16/f16). Both give the same bits. By default a run of at least
-// element_compilation_threshold elements gets a made kernel, smaller ones (launch-bound anyway) are interpreted.
-enum class ElementCompilation { large_runs, always, never };
-inline constexpr std::int64_t element_compilation_threshold = std::int64_t{1} << 16;
-// Process-wide, like cuda::set_allow_tf32.
-void set_element_compilation(ElementCompilation mode);
-ElementCompilation element_compilation();
-
 // Runs `program` over the `n` elements of the output index space on `device`'s current stream.
 void run_element_program(DType dtype, int device, const ElementProgram& program, const ElementLayout& layout,
                          const ElementBuffers& buffers, std::int64_t n);
-
-// out = a + b over n contiguous elements (gradient accumulation).
-void add(DType dtype, int device, const void* a, const void* b, void* out, std::int64_t n);
 
 }  // namespace tapegrad::cuda

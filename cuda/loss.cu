@@ -9,13 +9,13 @@
 // softmax in C. Labels are checked on the device: a label outside [0, classes) matches no class (adding nothing)
 // and its row index goes to first_bad_label through an integer atomicMin, so the smallest such index wins, as the
 // CPU's first-found (ops/loss.cpp reads it back and throws the CPU's message).
-#include "cuda/loss.hpp"
+#include "tapegrad/cuda/loss.hpp"
 
 #include <algorithm>
 #include <type_traits>
 
-#include "cuda/elementwise.hpp"
-#include "cuda/softmax_rows.cuh"
+#include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/cuda/softmax_rows.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,5 +1,5 @@
 // Losses on the GPU, forward and backward: mse_loss and cross_entropy (class indices or soft targets). Host
-// launchers in plain C++ (see cuda/enabled.hpp for how ops call them); the maths is the CPU's (ops/loss.cpp), in the
+// launchers in plain C++ (see tensor/gpu/backend.hpp for how ops call them); the maths is the CPU's (ops/loss.cpp), in the
 // compute type C of the dtype (f32 for f32/bf16/f16, f64 for f64). Each loss is a mean, summed in C in a fixed
 // order (the same bits on every run) and rounded to the dtype once. Every pointer is device memory of `device`,
 // contiguous, of the dtype unless said otherwise; work is queued on the device's current stream.
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

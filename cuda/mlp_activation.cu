@@ -6,11 +6,11 @@
 // thread has the loads of its next row in flight while it computes the current one. Backward, each thread adds its
 // columns of dz (as rounded to the storage type) over its chunk's rows in row order and writes the chunk's partial
 // row; sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
-#include "cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/mlp_activation.hpp"
 
-#include "cuda/activation_math.hpp"
-#include "cuda/partial_sums.hpp"
-#include "cuda/rows.cuh"
+#include "tapegrad/cuda/partial_sums.hpp"
+#include "tapegrad/cuda/rows.cuh"
+#include "tapegrad/tensor/core/activation_math.hpp"
 
 namespace tapegrad::cuda {
 

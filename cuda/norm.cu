@@ -17,15 +17,15 @@
 // Padded rows (NormProblem::ld > hidden) are read and written in whole packs up to ld, the elements past hidden
 // counted as zeros and written as zeros (rows::RowExtent); that is a compile-time variant of each kernel, so rows
 // without padding run the plain loads.
-#include "cuda/norm.hpp"
+#include "tapegrad/cuda/norm.hpp"
 
 #include <algorithm>
 #include <array>
 #include <type_traits>
 
-#include "cuda/async_copy.cuh"
-#include "cuda/partial_sums.hpp"
-#include "cuda/rows.cuh"
+#include "tapegrad/cuda/async_copy.cuh"
+#include "tapegrad/cuda/partial_sums.hpp"
+#include "tapegrad/cuda/rows.cuh"
 
 namespace tapegrad::cuda {
 

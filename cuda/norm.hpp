@@ -1,5 +1,5 @@
 // Layer normalization and RMS normalization over the last axis on the GPU, forward and backward: host launchers
-// in plain C++ (see cuda/enabled.hpp for how ops call them). Used by the norm ops (ops/norm.cpp); written to serve
+// in plain C++ (see tensor/gpu/backend.hpp for how ops call them). Used by the norm ops (ops/norm.cpp); written to serve
 // any caller that holds x as [rows, hidden] (the fused layernorm_mlp node too).
 //
 // The maths is the CPU's (ops/norm_rows.hpp), in the compute type C of the dtype (f32 for f32/bf16/f16, f64 for
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

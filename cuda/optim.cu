@@ -1,10 +1,10 @@
 // Fused optimizer updates: one thread per element (grid-stride) applies the parameter's update rule; elements are
 // independent, so the result does not depend on the grid and needs no synchronization.
-#include "cuda/optim.hpp"
+#include "tapegrad/cuda/optim.hpp"
 
 #include <type_traits>
 
-#include "cuda/launch.cuh"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,6 +1,6 @@
-#include "cuda/partial_sums.hpp"
+#include "tapegrad/cuda/partial_sums.hpp"
 
-#include "cuda/launch.cuh"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

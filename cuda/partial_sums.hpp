@@ -1,12 +1,12 @@
 // The second stage of a deterministic two-stage reduction over rows (dgamma, dbeta, bias gradients): the first
 // stage leaves one partial row per block of rows; this adds them column by column in a fixed order, so the result
-// is bitwise the same on every run. Plain C++ (see cuda/enabled.hpp for how ops call it).
+// is bitwise the same on every run. Plain C++ (see tensor/gpu/backend.hpp for how ops call it).
 #pragma once
 
 #include <cstdint>
 #include <span>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

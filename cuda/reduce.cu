@@ -13,7 +13,7 @@
 // Accumulators: sums in f64 for f32/f64 and f32 for bf16/f16, as on the CPU. max carries (value, flat index into
 // x) pairs and keeps the greater value, a NaN over any number, and on ties the lower index: an order-free choice,
 // so the first maximum in row-major order wins whatever the order of folding.
-#include "cuda/reduce.hpp"
+#include "tapegrad/cuda/reduce.hpp"
 
 #include <cub/block/block_reduce.cuh>
 
@@ -22,8 +22,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "cuda/elementwise.hpp"
-#include "cuda/launch.cuh"
+#include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

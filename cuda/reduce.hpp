@@ -1,11 +1,11 @@
 // Reductions of device arrays over a set of axes (sum, mean, max with the position of the maximum), and the two
-// small launchers their gradients need. Plain C++ (see cuda/enabled.hpp for how ops call them).
+// small launchers their gradients need. Plain C++ (see tensor/gpu/backend.hpp for how ops call them).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

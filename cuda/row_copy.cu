@@ -7,12 +7,12 @@
 // length is what is being padded, so they are rarely aligned. The grids map onto rows and columns (no index
 // divisions in the loops), with enough rows per block that blocks are not mostly launch overhead (one row of 1021
 // bf16 per block moved 0.6 TB/s).
-#include "cuda/row_copy.hpp"
+#include "tapegrad/cuda/row_copy.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/launch.cuh"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,11 +1,11 @@
 // Padding and cropping a matrix of rows: how layernorm_mlp gives the GEMMs hidden and ffn sizes that are whole
-// 16-byte packs, and takes its results back. Plain C++ (see cuda/enabled.hpp for how ops call it).
+// 16-byte packs, and takes its results back. Plain C++ (see tensor/gpu/backend.hpp for how ops call it).
 #pragma once
 
 #include <cstdint>
 #include <span>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

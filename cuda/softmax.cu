@@ -6,9 +6,9 @@
 // neighbouring lines, whose elements are neighbours in memory (coalesced).
 // Forward: the max, then Σ exp(x - max), then y; each line's max and sum are saved. Backward: the line's sum of
 // dy·p (softmax) or dy (log_softmax), then dx, with p recomputed from x and the saved statistics.
-#include "cuda/softmax.hpp"
+#include "tapegrad/cuda/softmax.hpp"
 
-#include "cuda/softmax_rows.cuh"
+#include "tapegrad/cuda/softmax_rows.cuh"
 
 namespace tapegrad::cuda {
 

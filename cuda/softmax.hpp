@@ -1,5 +1,5 @@
 // softmax and log_softmax along one axis on the GPU, forward and backward: host launchers in plain C++ (see
-// cuda/enabled.hpp for how ops call them). The maths is the CPU's (ops/softmax.cpp), in the compute type C of the
+// tensor/gpu/backend.hpp for how ops call them). The maths is the CPU's (ops/softmax.cpp), in the compute type C of the
 // dtype (f32 for f32/bf16/f16, f64 for f64), stable (each line's max is subtracted), rounded to the dtype once.
 //
 // x is seen as lines [outer, n, inner] (as ops/lines.hpp): line (o, i) holds the n elements o·n·inner + k·inner + i
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

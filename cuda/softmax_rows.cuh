@@ -3,7 +3,7 @@
 // ops/softmax_stats.hpp).
 #pragma once
 
-#include "cuda/rows.cuh"
+#include "tapegrad/cuda/rows.cuh"
 
 namespace tapegrad::cuda::rows {
 

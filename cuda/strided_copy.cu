@@ -8,12 +8,12 @@
 //     linear index through the axes (in 32-bit arithmetic when every offset fits). When the innermost axis is
 //     contiguous on both sides, elements are moved in 4-, 8- or 16-byte units where sizes and alignment allow.
 // A copy moves bits, so kernels are instantiated per element size, not per dtype.
-#include "cuda/strided_copy.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
 
 #include <cstdint>
 #include <limits>
 
-#include "cuda/launch.cuh"
+#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 

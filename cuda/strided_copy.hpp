@@ -1,11 +1,11 @@
 // Copying between strided views of device memory: the one kernel behind the layout ops on the GPU (permute,
-// slice, concat, expand). Plain C++ (see cuda/enabled.hpp for how ops call it).
+// slice, concat, expand). Plain C++ (see tensor/gpu/backend.hpp for how ops call it).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad::cuda {
 

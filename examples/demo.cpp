@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tapegrad.hpp"
+#include <tapegrad/tapegrad.hpp>
 
 using namespace tapegrad;
 

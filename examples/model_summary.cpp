@@ -2,7 +2,7 @@
 // input [8, 16, 128].
 #include <iostream>
 
-#include "examples/project_attend.hpp"
+#include "project_attend.hpp"
 
 using namespace tapegrad;
 

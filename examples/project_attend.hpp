@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "tapegrad.hpp"
+#include <tapegrad/tapegrad.hpp>
 
 namespace tapegrad::examples {
 

@@ -3,8 +3,8 @@
 // layernorm_mlp shares. All are vectorized.
 #pragma once
 
-#include "ops/activation_arrays.hpp"
-#include "ops/elementwise.hpp"
+#include "tapegrad/ops/activation_arrays.hpp"
+#include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {
 

@@ -1,10 +1,10 @@
 // The activations and their derivatives as Eigen array expressions: the CPU's one definition of them, vectorized
 // (Eigen's packet exp and, for f32, erf) in f32 and f64. Internal: the elementwise activations of
 // ops/activation.hpp evaluate them one packet at a time, layernorm_mlp's row kernels (ops/mlp_activation.hpp) one
-// row at a time. cuda/activation_math.hpp holds the same functions per scalar, for the GPU.
+// row at a time. tensor/core/activation_math.hpp holds the same functions per scalar, for the GPU.
 //
 // Each is a functor `fn(x, value, grad)` over any Eigen array expression x (those the elementwise ops use also
-// name their GPU ops, gpu_value and gpu_grad, which run cuda/activation_math.hpp's scalar forms): it writes fn(x) to value and, when
+// name their GPU ops, gpu_value and gpu_grad, which run tensor/core/activation_math.hpp's scalar forms): it writes fn(x) to value and, when
 // grad is not null, fn'(x) to *grad, from one evaluation of exp or erf. Where a factor that saturates to 0
 // multiplies one that grows without bound (x·σ at x = -inf, x·σ'(z)·z' once x³ overflows f32), the product is its
 // limit 0, not 0·inf = NaN: every function is finite or ±inf, never NaN, for every non-NaN x.
@@ -16,8 +16,8 @@
 #include <cmath>
 #include <limits>
 
-#include "cuda/activation_math.hpp"
-#include "cuda/elementwise.hpp"
+#include "tapegrad/cuda/element_op.hpp"
+#include "tapegrad/tensor/core/activation_math.hpp"
 
 namespace tapegrad::detail {
 

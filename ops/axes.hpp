@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tensor/error.hpp"
-#include "tensor/shape.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/shape.hpp"
 
 namespace tapegrad {
 

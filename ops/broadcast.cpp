@@ -1,11 +1,11 @@
 // Broadcast plans, and expand_to / sum_to on the cpu (odometer loops) and on a GPU (a strided copy with zero
 // strides on the broadcast axes; the reduction kernels over them).
-#include "ops/broadcast.hpp"
+#include "tapegrad/ops/broadcast.hpp"
 
-#include "cuda/enabled.hpp"
-#include "cuda/reduce.hpp"
-#include "cuda/strided_copy.hpp"
-#include "tensor/eigen.hpp"
+#include "tapegrad/cuda/reduce.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -111,20 +111,21 @@ template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape) {
   check(broadcast_shapes(t.shape(), shape, "expand_to") == shape, "expand_to", "cannot expand shape ",
         t.shape(), " to ", shape);
   Tensor<T> out(shape, t.device());
-  if constexpr (cuda::enabled) {
-    if (!t.device().is_cpu()) {
-      const auto from = broadcast_strides(t.shape(), shape), to = shape.strides();
-      std::vector<cuda::CopyAxis> axes;
-      for (std::size_t i = 0; i < static_cast<std::size_t>(shape.rank()); ++i) {
-        axes.push_back({shape[static_cast<int>(i)], from[i], to[i]});
-      }
-      cuda::strided_copy(dtype_v<T>, t.data(), out.data(), axes, t.device().index);
-      return out;
-    }
-  }
-  const T* src = t.data();
-  T* dst = out.data();
-  for_each_broadcast(t.shape(), shape, [&](std::int64_t o, std::int64_t i) { dst[o] = src[i]; });
+  by_device(
+      "expand_to", t.device(),
+      [&] {
+        const T* src = t.data();
+        T* dst = out.data();
+        for_each_broadcast(t.shape(), shape, [&](std::int64_t o, std::int64_t i) { dst[o] = src[i]; });
+      },
+      [&](auto gpu) {
+        const auto from = broadcast_strides(t.shape(), shape), to = shape.strides();
+        std::vector<cuda::CopyAxis> axes;
+        for (std::size_t i = 0; i < static_cast<std::size_t>(shape.rank()); ++i) {
+          axes.push_back({shape[static_cast<int>(i)], from[i], to[i]});
+        }
+        cuda::strided_copy(dtype_v<T>, t.data(), out.data(), axes, gpu.index);
+      });
   return out;
 }
 
@@ -132,22 +133,22 @@ template <class T> Tensor<T> sum_to(const Tensor<T>& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   check(broadcast_shapes(shape, g.shape(), "sum_to") == g.shape(), "sum_to", "cannot reduce shape ",
         g.shape(), " to ", shape);
-  if constexpr (cuda::enabled) {
-    if (!g.device().is_cpu()) {
-      Tensor<T> out(shape, g.device());
-      cuda::sum(dtype_v<T>, g.data(), {g.shape().to_vector(), broadcast_axes(shape, g.shape())}, 1.0, out.data(),
-                g.device().index);
-      return out;
-    }
-  }
-  using C = compute_t<T>;
-  std::vector<C> acc(static_cast<std::size_t>(shape.numel()), C(0));
-  const T* src = g.data();
-  for_each_broadcast(shape, g.shape(), [&](std::int64_t o, std::int64_t i) {
-    acc[static_cast<std::size_t>(i)] += static_cast<C>(src[o]);
-  });
-  Tensor<T> out(shape);
-  for (std::int64_t i = 0; i < out.numel(); ++i) out.flat(i) = convert<T>(acc[static_cast<std::size_t>(i)]);
+  Tensor<T> out(shape, g.device());
+  by_device(
+      "sum_to", g.device(),
+      [&] {
+        using C = compute_t<T>;
+        std::vector<C> acc(static_cast<std::size_t>(shape.numel()), C(0));
+        const T* src = g.data();
+        for_each_broadcast(shape, g.shape(), [&](std::int64_t o, std::int64_t i) {
+          acc[static_cast<std::size_t>(i)] += static_cast<C>(src[o]);
+        });
+        for (std::int64_t i = 0; i < out.numel(); ++i) out.flat(i) = convert<T>(acc[static_cast<std::size_t>(i)]);
+      },
+      [&](auto gpu) {
+        cuda::sum(dtype_v<T>, g.data(), {g.shape().to_vector(), broadcast_axes(shape, g.shape())}, 1.0, out.data(),
+                  gpu.index);
+      });
   return out;
 }
 

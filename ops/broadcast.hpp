@@ -5,7 +5,7 @@
 #include <array>
 #include <vector>
 
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad {
 

@@ -1,9 +1,9 @@
-#include "ops/cast.hpp"
+#include "tapegrad/ops/cast.hpp"
 
 #include <string>
 #include <type_traits>
 
-#include "autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
 
 namespace tapegrad {
 

@@ -4,7 +4,7 @@
 // Casting to the same dtype returns x itself and records nothing.
 #pragma once
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

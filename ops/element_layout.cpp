@@ -1,8 +1,8 @@
-#include "ops/element_layout.hpp"
+#include "tapegrad/ops/element_layout.hpp"
 
 #include <cstdint>
 
-#include "tensor/error.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/elementwise.hpp"
-#include "tensor/shape.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/tensor/shape.hpp"
 
 namespace tapegrad {
 

@@ -1,11 +1,13 @@
 // Compiling Terms into register programs: each tree is evaluated in Sethi–Ullman order (the operand that needs
 // more registers first), which needs as few registers as the tree allows (log2 of its leaves, plus one, at most).
 // Shared subtrees are evaluated again where they recur, as the CPU's expression templates do.
-#include "ops/element_term.hpp"
+#include "tapegrad/ops/element_term.hpp"
 
 #include <algorithm>
 
-#include "tensor/error.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/ops/element_layout.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad {
 
@@ -65,15 +67,30 @@ class Compiler {
   cuda::ElementProgram program_;
 };
 
-}  // namespace
-
-cuda::ElementProgram compile_elements(const std::vector<TermOutput>& outputs, const std::string& what) {
+// The register program computing every term.
+cuda::ElementProgram compile_elements(const std::vector<TermOutput>& terms, const std::string& what) {
   Compiler compiler(what);
-  for (const TermOutput& out : outputs) {
+  for (const TermOutput& out : terms) {
     compiler.emit(out.term.node(), 0);
     compiler.store(out.output);
   }
   return compiler.program();
+}
+
+}  // namespace
+
+void run_terms(DType dtype, Device device, const std::vector<TermOutput>& terms, const Shape& output,
+               const std::vector<Shape>& input_shapes, const std::vector<const void*>& inputs,
+               const std::vector<void*>& outputs, const std::string& what) {
+  // element_layout checks the input count; there are never more outputs than inputs (a value, or one gradient per
+  // leaf), so both fit the buffers' arrays.
+  const cuda::ElementLayout layout = element_layout(output, input_shapes, what);
+  const cuda::ElementProgram program = compile_elements(terms, what);
+  cuda::ElementBuffers buffers;
+  std::copy(inputs.begin(), inputs.end(), buffers.inputs);
+  std::copy(outputs.begin(), outputs.end(), buffers.outputs);
+  for (const TermOutput& t : terms) buffers.wide[t.output] = t.wide;
+  cuda::run_element_program(dtype, device.index, program, layout, buffers, output.numel());
 }
 
 }  // namespace tapegrad

@@ -1,15 +1,18 @@
 // Term: an elementwise expression as a run-time tree, for the GPU. The op definitions of ops/elementwise.hpp and
 // ops/activation.hpp are written against Eigen's array interface (x + y, x.exp(), x.rsqrt(), ...); Term offers
 // the same interface, so that the SAME forward and backward definitions that build Eigen expressions for the CPU
-// build Terms for the GPU: the chain rule is written once. A Term is compiled into a register program
-// (compile_elements) that cuda/elementwise.hpp runs.
+// build Terms for the GPU: the chain rule is written once. run_terms compiles Terms into a register program and runs
+// it (cuda/elementwise.hpp).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cuda/elementwise.hpp"
+#include "tapegrad/cuda/element_op.hpp"
+#include "tapegrad/tensor/core/device.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
+#include "tapegrad/tensor/shape.hpp"
 
 namespace tapegrad {
 
@@ -61,8 +64,12 @@ struct TermOutput {
   bool wide = false;
 };
 
-// The register program computing every output; throws tapegrad::Error naming `what` when the expression needs more
-// registers or instructions than a program has (evaluate a part of it first).
-cuda::ElementProgram compile_elements(const std::vector<TermOutput>& outputs, const std::string& what);
+// Computes every term over the index space `output` on GPU `device`, elements of `dtype`: input k is inputs[k], of
+// shape input_shapes[k] broadcast to `output`; term j's result goes to outputs[terms[j].output], of `output`'s size,
+// in `dtype` (or its compute type where wide). One launch. Throws tapegrad::Error naming `what` when the terms need
+// more registers, instructions, inputs or axes than a program has (evaluate a part of the expression first).
+void run_terms(DType dtype, Device device, const std::vector<TermOutput>& terms, const Shape& output,
+               const std::vector<Shape>& input_shapes, const std::vector<const void*>& inputs,
+               const std::vector<void*>& outputs, const std::string& what);
 
 }  // namespace tapegrad

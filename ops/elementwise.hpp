@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "ops/expression.hpp"
+#include "tapegrad/ops/expression.hpp"
 
 namespace tapegrad {
 

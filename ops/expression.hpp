@@ -24,13 +24,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "autodiff/var.hpp"
-#include "cuda/enabled.hpp"
-#include "ops/broadcast.hpp"
-#include "ops/element_layout.hpp"
-#include "ops/element_term.hpp"
-#include "tensor/eigen.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/autodiff/var.hpp"
+#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/element_term.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -297,34 +296,32 @@ template <class E> class GpuExpressionNode final : public Node {
     GradientTerms terms(E::leaves);
     expr_->template backprop_terms<0>(Term::input(E::leaves), terms);
     std::vector<Shape> shapes;
-    cuda::ElementBuffers buffers;
+    std::vector<const void*> in;
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       const Tensor<T>& leaf = static_cast<VarImpl<T>&>(*inputs[k]).value;
       shapes.push_back(leaf.shape());
-      buffers.inputs[k] = leaf.data();
+      in.push_back(leaf.data());
     }
     shapes.push_back(output_);
-    buffers.inputs[inputs.size()] = dy.data();
+    in.push_back(dy.data());
     std::vector<TermOutput> outs;
+    std::vector<void*> out;
     std::vector<Tensor<T>> grads(E::leaves);
     std::vector<Tensor<C>> wide(E::leaves);
     for (std::size_t k = 0; k < terms.size(); ++k) {
       if (!terms[k]) continue;
-      const int j = static_cast<int>(outs.size());
       const bool full = shapes[k] == output_;
       if (full) {
         grads[k] = Tensor<T>(output_, dy.device());
-        buffers.outputs[j] = grads[k].data();
+        out.push_back(grads[k].data());
       } else {
         wide[k] = Tensor<C>(output_, dy.device());
-        buffers.outputs[j] = wide[k].data();
-        buffers.wide[j] = true;
+        out.push_back(wide[k].data());
       }
-      outs.push_back({*terms[k], j, !full});
+      outs.push_back({*terms[k], static_cast<int>(outs.size()), !full});
     }
     if (outs.empty()) return;
-    cuda::run_element_program(dtype_v<T>, dy.device().index, compile_elements(outs, name()),
-                              element_layout(output_, shapes, name()), buffers, output_.numel());
+    run_terms(dtype_v<T>, dy.device(), outs, output_, shapes, in, out, name());
     for (std::size_t k = 0; k < terms.size(); ++k) {
       if (wide[k].defined()) grads[k] = cast<T>(sum_to(wide[k], shapes[k]));
       if (grads[k].defined()) static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
@@ -337,21 +334,37 @@ template <class E> class GpuExpressionNode final : public Node {
   Shape output_;
 };
 
-// Evaluates `e` on `device` (a GPU) as one program, and records its node.
+// `e` on the cpu: Eigen expressions over the broadcast leaves.
 template <class E, class T = typename E::element_type>
-Var<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
-                       const std::vector<Shape>& shapes, const Shape& output, Device device) {
-  const std::string name = describe(e);
-  cuda::ElementBuffers buffers;
-  for (std::size_t k = 0; k < slots.size(); ++k) buffers.inputs[k] = slots[k]->value.data();
+Tensor<T> evaluate_on_cpu(const E& e, const std::vector<const Tensor<T>*>& leaves, const BroadcastPlan& plan) {
+  Tensor<T> out(plan.output);
+  with_context<T>(plan, leaves, [&](const auto& ctx) {
+    constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
+    auto o = view_as<R>(out, ctx.out_dims);
+    run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(e.template eigen<0>(ctx)); });
+  });
+  return out;
+}
+
+// `e` on `device`, a GPU: one program.
+template <class E, class T = typename E::element_type>
+Tensor<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
+                          const std::vector<Shape>& shapes, const Shape& output, Device device) {
+  std::vector<const void*> inputs;
+  for (const auto& slot : slots) inputs.push_back(slot->value.data());
   Tensor<T> out(output, device);
-  buffers.outputs[0] = out.data();
-  cuda::run_element_program(dtype_v<T>, device.index, compile_elements({{e.template term<0>(), 0}}, name),
-                            element_layout(output, shapes, name), buffers, output.numel());
+  run_terms(dtype_v<T>, device, {{e.template term<0>(), 0}}, output, shapes, inputs, {out.data()}, describe(e));
+  return out;
+}
+
+// The value `out` of `e` as a Var, with its node (a NodeType made from `node_args`) on the tape when a gradient is wanted.
+template <class NodeType, class E, class T = typename E::element_type, class... NodeArgs>
+Var<T> recorded(Tensor<T> out, const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
+                const NodeArgs&... node_args) {
   const bool record = grad_enabled() && e.requires_grad();
   Var<T> y(std::move(out), record);
   if (record) {
-    auto node = std::make_unique<GpuExpressionNode<E>>(name, e, output);
+    auto node = std::make_unique<NodeType>(describe(e), e, node_args...);
     node->inputs.assign(slots.begin(), slots.end());
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));
@@ -390,24 +403,13 @@ template <class E> Var<typename E::element_type> evaluate_in_scope(const E& e) {
     throw Error(msg + " cannot be broadcast together");
   }
   const BroadcastPlan plan = plan_broadcast(shapes, "elementwise");
-  if constexpr (cuda::enabled) {
-    if (!device.is_cpu()) return evaluate_on_gpu(e, slots, shapes, plan.output, device);
-  }
-  Tensor<T> out(plan.output);
-  with_context<T>(plan, leaves, [&](const auto& ctx) {
-    constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
-    auto o = view_as<R>(out, ctx.out_dims);
-    run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(e.template eigen<0>(ctx)); });
-  });
-  const bool record = grad_enabled() && e.requires_grad();
-  Var<T> y(std::move(out), record);
-  if (record) {
-    auto node = std::make_unique<ExpressionNode<E>>(describe(e), e, plan);
-    node->inputs.assign(slots.begin(), slots.end());
-    node->outputs.push_back(y.slot());
-    Tape::active().record(std::move(node));
-  }
-  return y;
+  return by_device(
+      E::op_name(), device,
+      [&] { return recorded<ExpressionNode<E>>(evaluate_on_cpu(e, leaves, plan), e, slots, plan); },
+      [&](auto gpu) {
+        return recorded<GpuExpressionNode<E>>(evaluate_on_gpu(e, slots, shapes, plan.output, gpu), e, slots,
+                                              plan.output);
+      });
 }
 
 // Errors raised below (a result too large, memory) name the expression's outermost op, e.g. "add": describing the

@@ -5,13 +5,13 @@
 // with a leading dimension wider than its rows is packed first (O(MK), next to the O(MNK) product). alpha, beta
 // and a strided C are applied in one pass over a contiguous product.
 // bf16/f16: both operands are widened to f32 (packing them), multiplied by the f32 path, and C is rounded once.
-#include "ops/gemm.hpp"
+#include "tapegrad/ops/gemm.hpp"
 
 #include <atomic>
 #include <climits>
 
-#include "tensor/eigen.hpp"
-#include "tensor/factories.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 #ifdef TAPEGRAD_HAVE_CBLAS
 #include <cblas.h>

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "tensor/dtype.hpp"
+#include "tapegrad/tensor/dtype.hpp"
 
 namespace tapegrad {
 

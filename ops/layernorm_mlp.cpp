@@ -20,7 +20,7 @@
 // biases rounded to T (the parameters themselves when P = T), and by policy h and z. a is never saved: the
 // backward's pass over z produces it next to ∂a/∂z at the cost of one activation evaluation. Recomputed h and z
 // come from the same functions with the same statistics, so every policy gives bitwise identical gradients.
-#include "ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
 
 #include <algorithm>
 #include <array>
@@ -28,13 +28,14 @@
 #include <tuple>
 #include <vector>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "ops/gemm.hpp"
-#include "ops/layernorm_mlp_check.hpp"
-#include "ops/layernorm_mlp_gpu.hpp"
-#include "ops/mlp_activation.hpp"
-#include "ops/norm_rows.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/ops/activation_table.hpp"
+#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layernorm_mlp_gpu.hpp"
+#include "tapegrad/ops/mlp_activation.hpp"
+#include "tapegrad/ops/norm_rows.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -43,33 +44,6 @@ namespace {
 constexpr const char* op_name = "layernorm_mlp";
 using detail::MlpDims;
 using detail::MlpNeeds;
-
-struct ActivationEntry {
-  Activation activation;
-  std::string_view name;
-  bool gated;
-};
-constexpr std::array<ActivationEntry, 12> activation_table{{
-    {Activation::relu, "relu", false},
-    {Activation::gelu, "gelu", false},
-    {Activation::silu, "silu", false},
-    {Activation::quick_gelu, "quick_gelu", false},
-    {Activation::squared_relu, "squared_relu", false},
-    {Activation::reglu, "reglu", true},
-    {Activation::geglu, "geglu", true},
-    {Activation::swiglu, "swiglu", true},
-    {Activation::glu, "glu", true},
-    {Activation::qgeglu, "qgeglu", true},
-    {Activation::sreglu, "sreglu", true},
-    {Activation::clamped_swiglu, "clamped_swiglu", true},
-}};
-
-const ActivationEntry& entry_of(Activation activation) {
-  for (const ActivationEntry& e : activation_table) {
-    if (e.activation == activation) return e;
-  }
-  throw Error(std::string(op_name) + ": unknown activation " + std::to_string(static_cast<int>(activation)));
-}
 
 template <class T> struct MlpContext {
   using C = compute_t<T>;
@@ -120,7 +94,7 @@ template <class T> Tensor<T> activation_forward(const MlpContext<T>& c, const Te
   using C = compute_t<T>;
   const auto [M, H, F, n] = c.dims;
   Tensor<T> a(Shape{M, F});
-  detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
+  detail::with_activation(detail::activation_form(c.options), [&](const auto& fn, const auto& gate) {
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
     parallel_for(M, 2 * n * F, [&](std::int64_t begin, std::int64_t end) {
       detail::Row<C> z0(F), z1(F), value(F), gate_value(F);
@@ -145,7 +119,7 @@ std::vector<compute_t<T>> activation_backward(const MlpContext<T>& c, const Tens
                                               Tensor<T>& a, Tensor<T>& dz, bool need_db1) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = c.dims;
-  return detail::with_activation(c.options, [&](const auto& fn, const auto& gate) {
+  return detail::with_activation(detail::activation_form(c.options), [&](const auto& fn, const auto& gate) {
     constexpr bool gated = !std::is_same_v<std::decay_t<decltype(gate)>, detail::NoGate>;
     return detail::blocked_row_sum<C>(
         M, need_db1 ? n * F : 0, 3 * n * F, [&](std::int64_t begin, std::int64_t end, C* db1) {
@@ -277,48 +251,53 @@ auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& option
         return y.reshape(x_shape);
       }
     };
-    if constexpr (cuda::enabled) {
-      if (!xv.device().is_cpu()) {
-        const detail::MlpParams<P> params{gv, has_beta ? &bv : nullptr, w1v, has_b1 ? &b1v : nullptr,
-                                          w2v, has_b2 ? &b2v : nullptr};
-        const detail::DeviceMlpOutput<T> out = detail::device_mlp_forward(c.device, dims, options, xv, params);
-        return outputs(out.y, out.h);
-      }
-    }
-    c.options = options;
-    c.dims = dims;
-    c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
-                                 options.zero_centered_gamma);
-    c.w1 = cast<T>(w1v);
-    c.w2 = cast<T>(w2v);
-    if (has_b1) c.b1 = cast<T>(b1v);
-    if (has_b2) c.b2 = cast<T>(b2v);
-    const MlpForward<T> out = mlp_forward(c);
-    return outputs(out.y, out.h);
+    return by_device(
+        op_name, xv.device(),
+        [&] {
+          c.options = options;
+          c.dims = dims;
+          c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
+                                       options.zero_centered_gamma);
+          c.w1 = cast<T>(w1v);
+          c.w2 = cast<T>(w2v);
+          if (has_b1) c.b1 = cast<T>(b1v);
+          if (has_b2) c.b2 = cast<T>(b2v);
+          const MlpForward<T> out = mlp_forward(c);
+          return outputs(out.y, out.h);
+        },
+        [&](auto) {
+          const detail::MlpParams<P> params{gv, has_beta ? &bv : nullptr, w1v, has_b1 ? &b1v : nullptr,
+                                            w2v, has_b2 ? &b2v : nullptr};
+          const detail::DeviceMlpOutput<T> out = detail::device_mlp_forward(c.device, dims, options, xv, params);
+          return outputs(out.y, out.h);
+        });
   };
   auto backward = [=](const MlpContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy, const auto&... dh) {
     const Tensor<T>* dh_out = nullptr;
     ((dh_out = &dh), ...);
     const MlpNeeds need{needs[0], needs[1], has_beta && needs[2], needs[3], has_b1 && needs[4], needs[5],
                         has_b2 && needs[6]};
-    if constexpr (cuda::enabled) {
-      if (!dy.device().is_cpu()) {
-        const detail::DeviceMlpGrads<T, P> g = detail::device_mlp_backward<T, P>(c.device, dy, dh_out, need);
-        return std::tuple{need.x ? g.dx.reshape(x_shape) : Tensor<T>(), g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2, g.db2};
-      }
-    }
-    const MlpGrads<T> g = mlp_backward(c, dy, dh_out, need);
-    const auto [M, H, F, n] = c.dims;
-    auto param = [](bool wanted, auto make) { return wanted ? make() : Tensor<P>(); };
-    return std::tuple{
-        need.x ? g.dx.reshape(x_shape) : Tensor<T>(),
-        param(need.gamma, [&] { return to_param<P>(g.dgamma_dbeta, 0, Shape{H}); }),
-        param(need.beta, [&] { return to_param<P>(g.dgamma_dbeta, H, Shape{H}); }),
-        param(need.w1, [&] { return to_param<P>(g.dw1, Shape{H, n, F}); }),
-        param(need.b1, [&] { return to_param<P>(g.db1, 0, Shape{n, F}); }),
-        param(need.w2, [&] { return to_param<P>(g.dw2, Shape{F, H}); }),
-        param(need.b2, [&] { return to_param<P>(g.db2, 0, Shape{H}); }),
-    };
+    return by_device(
+        op_name, dy.device(),
+        [&] {
+          const MlpGrads<T> g = mlp_backward(c, dy, dh_out, need);
+          const auto [M, H, F, n] = c.dims;
+          auto param = [](bool wanted, auto make) { return wanted ? make() : Tensor<P>(); };
+          return std::tuple{
+              need.x ? g.dx.reshape(x_shape) : Tensor<T>(),
+              param(need.gamma, [&] { return to_param<P>(g.dgamma_dbeta, 0, Shape{H}); }),
+              param(need.beta, [&] { return to_param<P>(g.dgamma_dbeta, H, Shape{H}); }),
+              param(need.w1, [&] { return to_param<P>(g.dw1, Shape{H, n, F}); }),
+              param(need.b1, [&] { return to_param<P>(g.db1, 0, Shape{n, F}); }),
+              param(need.w2, [&] { return to_param<P>(g.dw2, Shape{F, H}); }),
+              param(need.b2, [&] { return to_param<P>(g.db2, 0, Shape{H}); }),
+          };
+        },
+        [&](auto) {
+          const detail::DeviceMlpGrads<T, P> g = detail::device_mlp_backward<T, P>(c.device, dy, dh_out, need);
+          return std::tuple{need.x ? g.dx.reshape(x_shape) : Tensor<T>(), g.dgamma, g.dbeta, g.dw1, g.db1, g.dw2,
+                            g.db2};
+        });
   };
   if constexpr (WithNorm) {
     return custom_op<MlpContext<T>>(
@@ -338,19 +317,6 @@ auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& option
 }
 
 }  // namespace
-
-std::string_view activation_name(Activation activation) { return entry_of(activation).name; }
-
-Activation activation_from_name(std::string_view name) {
-  std::string names;
-  for (const ActivationEntry& e : activation_table) {
-    if (e.name == name) return e.activation;
-    names += (names.empty() ? "" : ", ") + std::string(e.name);
-  }
-  throw Error(std::string(op_name) + ": unknown activation '" + std::string(name) + "'; expected one of " + names);
-}
-
-bool is_gated(Activation activation) { return entry_of(activation).gated; }
 
 std::string_view recompute_name(Recompute recompute) {
   switch (recompute) {

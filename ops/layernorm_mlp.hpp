@@ -13,7 +13,7 @@
 
 #include <string_view>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

@@ -1,4 +1,4 @@
-#include "ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
 
 #include <cmath>
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "ops/layernorm_mlp.hpp"
-#include "tensor/device_checks.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/tensor/core/device_checks.hpp"
 
 namespace tapegrad::detail {
 

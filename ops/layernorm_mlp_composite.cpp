@@ -1,40 +1,41 @@
-#include "ops/layernorm_mlp_composite.hpp"
+#include "tapegrad/ops/layernorm_mlp_composite.hpp"
 
-#include "ops/activation.hpp"
-#include "ops/layernorm_mlp_check.hpp"
-#include "ops/layout.hpp"
-#include "ops/matmul.hpp"
-#include "ops/norm.hpp"
+#include "tapegrad/ops/activation.hpp"
+#include "tapegrad/ops/activation_table.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/norm.hpp"
 
 namespace tapegrad {
 
 namespace {
 
-// The activation of z [..., n·F]: z₀ = z[..., :F] and, for gated ones, z₁ = z[..., F:].
+// The activation of z [..., n·F]: fn(z₀), times gate(z₁) for gated ones (z₀ = z[..., :F], z₁ = z[..., F:]), as one
+// fused expression of primitive ops where it can be.
 template <class T> Var<T> activation_of(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
+  const MlpActivation form = detail::activation_form(o, "layernorm_mlp_composite");
+  const double L = form.limit;
   const Var<T> z0 = slice(z, -1, 0, F);
-  auto z1 = [&] { return slice(z, -1, F, 2 * F); };
-  switch (o.activation) {
-    case Activation::relu: return relu(z0);
-    case Activation::gelu: return gelu_tanh(z0);
-    case Activation::silu: return silu(z0);
-    case Activation::quick_gelu: return quick_gelu(z0);
-    case Activation::squared_relu: return squared_relu(z0);
-    case Activation::reglu: return relu(z0) * z1();
-    case Activation::geglu: return gelu_tanh(z0) * z1();
-    case Activation::swiglu: return silu(z0) * z1();
-    case Activation::glu: return sigmoid(z0) * z1();
-    case Activation::qgeglu: return quick_gelu(z0) * z1();
-    case Activation::sreglu: return squared_relu(z0) * z1();
-    case Activation::clamped_swiglu: {
-      const double L = o.clamped_swiglu.limit, alpha = o.clamped_swiglu.alpha;
-      const Var<T> gate = z1();
-      const Var<T> z0c = z0 - relu(z0 - L);                    // min(z₀, L)
-      const Var<T> z1c = gate - relu(gate - L) + relu(-L - gate);  // clamp(z₁, -L, L)
-      return z0c * sigmoid(z0c * alpha) * (z1c + 1.0);
+  auto gated = [&](const auto& fn) -> Var<T> {
+    if (form.gate == MlpGate::none) return fn;
+    const Var<T> z1 = slice(z, -1, F, 2 * F);
+    if (form.gate == MlpGate::linear) return fn * z1;
+    const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);  // clamp(z₁, -L, L)
+    return fn * (z1c + 1.0);
+  };
+  switch (form.fn) {
+    case MlpFunction::relu: return gated(relu(z0));
+    case MlpFunction::gelu_tanh: return gated(gelu_tanh(z0));
+    case MlpFunction::swish: return gated(expr::make_unary(ops::Silu{{form.alpha}}, z0));  // x·σ(alpha·x)
+    case MlpFunction::squared_relu: return gated(squared_relu(z0));
+    case MlpFunction::sigmoid: return gated(sigmoid(z0));
+    case MlpFunction::clamped_swish: {
+      const Var<T> z0c = z0 - relu(z0 - L);  // min(z₀, L)
+      return gated(z0c * sigmoid(z0c * form.alpha));
     }
   }
-  throw Error("layernorm_mlp_composite: unknown activation");
+  throw Error("layernorm_mlp_composite: unknown activation function");
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // the parameters, f32 or f64; `recompute` does not apply (the primitive ops save what they save).
 #pragma once
 
-#include "ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
 
 namespace tapegrad {
 

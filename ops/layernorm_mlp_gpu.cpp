@@ -15,44 +15,22 @@
 // Every parameter gradient is summed in C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 // A recomputed h comes from the same norm kernel on the same x and γ (its statistics are recomputed bitwise, and
 // not stored again), a recomputed z from the same product: every recompute policy gives the same gradients.
-#include "ops/layernorm_mlp_gpu.hpp"
+#include "tapegrad/ops/layernorm_mlp_gpu.hpp"
 
 #include <optional>
 #include <type_traits>
 #include <vector>
 
-#include "cuda/activation_math.hpp"  // quick_gelu_alpha
-#include "cuda/blaslt.hpp"
-#include "cuda/mlp_activation.hpp"
-#include "cuda/reduce.hpp"
-#include "cuda/row_copy.hpp"
-#include "tensor/factories.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/reduce.hpp"
+#include "tapegrad/cuda/row_copy.hpp"
+#include "tapegrad/ops/activation_table.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad::detail {
 
 namespace {
-
-cuda::MlpActivation device_activation(const LayerNormMLPOptions& options) {
-  using cuda::MlpFunction;
-  using cuda::MlpGate;
-  const double limit = options.clamped_swiglu.limit, quick = activation::quick_gelu_alpha;
-  switch (options.activation) {
-    case Activation::relu: return {MlpFunction::relu, MlpGate::none};
-    case Activation::gelu: return {MlpFunction::gelu_tanh, MlpGate::none};
-    case Activation::silu: return {MlpFunction::swish, MlpGate::none, 1.0};
-    case Activation::quick_gelu: return {MlpFunction::swish, MlpGate::none, quick};
-    case Activation::squared_relu: return {MlpFunction::squared_relu, MlpGate::none};
-    case Activation::reglu: return {MlpFunction::relu, MlpGate::linear};
-    case Activation::geglu: return {MlpFunction::gelu_tanh, MlpGate::linear};
-    case Activation::swiglu: return {MlpFunction::swish, MlpGate::linear, 1.0};
-    case Activation::glu: return {MlpFunction::sigmoid, MlpGate::linear};
-    case Activation::qgeglu: return {MlpFunction::swish, MlpGate::linear, quick};
-    case Activation::sreglu: return {MlpFunction::squared_relu, MlpGate::linear};
-    case Activation::clamped_swiglu:
-      return {MlpFunction::clamped_swish, MlpGate::clamped_linear, options.clamped_swiglu.alpha, limit};
-  }
-  throw Error("layernorm_mlp: unknown activation");
-}
 
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null), row-major: A stored [M, K], or [K, M]
 // when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute type
@@ -232,7 +210,7 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
     db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
     partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))}, device);
   }
-  cuda::mlp_activation_backward(dtype_v<T>, device.index, device_activation(s.options), z.data(), da.data(),
+  cuda::mlp_activation_backward(dtype_v<T>, device.index, activation_form(s.options), z.data(), da.data(),
                                 {.dz = z.data(),
                                  .a = need.w2 ? da.data() : nullptr,
                                  .dbias = db1 ? db1->data() : nullptr,
@@ -279,7 +257,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   auto [z, a] = first_product(s, hp);
   if (!a.defined()) {
     a = Tensor<T>(Shape{M, Fp}, device);
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(options), z.data(), a.data(), M, Fp);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(options), z.data(), a.data(), M, Fp);
   }
   Tensor<T> y(Shape{M, Hp}, device);
   product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
@@ -311,7 +289,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   const Tensor<T> dyp = resized(dy, Shape{M, Hp});
   if (!need_dz) {  // dW2 alone
     Tensor<T> a(Shape{M, Fp}, device);
-    cuda::mlp_activation_forward(dtype_v<T>, device.index, device_activation(s.options), z.data(), a.data(), M, Fp);
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(s.options), z.data(), a.data(), M, Fp);
     g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
     return g;
   }

@@ -23,10 +23,10 @@
 
 #include <cstdint>
 
-#include "cuda/norm.hpp"
-#include "ops/layernorm_mlp.hpp"
-#include "ops/layernorm_mlp_check.hpp"
-#include "tensor/tensor.hpp"
+#include "tapegrad/cuda/norm.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::detail {
 

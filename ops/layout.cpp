@@ -8,18 +8,18 @@
 // Slice and concat see each tensor as [outer, axis, inner] and copy whole rows of `inner` elements.
 // Reshape is a view of the same storage both ways.
 // On a GPU, permute, slice and concat are each one cuda::strided_copy over the same index spaces.
-#include "ops/layout.hpp"
+#include "tapegrad/ops/layout.hpp"
 
 #include <algorithm>
 #include <numeric>
 #include <utility>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "cuda/strided_copy.hpp"
-#include "ops/axes.hpp"
-#include "ops/lines.hpp"
-#include "tensor/eigen.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/ops/axes.hpp"
+#include "tapegrad/ops/lines.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -155,26 +155,27 @@ struct RowCount {
 // Copies row k of `from` in src to row k of `to` in dst, for each of the n.count rows of each block; src and dst
 // are on `device`.
 template <class T> void copy_rows(const T* src, Rows from, T* dst, Rows to, RowCount n, Device device) {
-  if constexpr (cuda::enabled) {
-    if (!device.is_cpu()) {
-      cuda::strided_copy(dtype_v<T>, src + from.start * n.inner, dst + to.start * n.inner,
-                         {{n.outer, from.dim * n.inner, to.dim * n.inner},
-                          {n.count, from.step * n.inner, to.step * n.inner},
-                          {n.inner, 1, 1}},
-                         device.index);
-      return;
-    }
-  }
-  const bool runs = from.step == 1 && to.step == 1;  // then each block's rows are one contiguous run
-  const std::int64_t rows = runs ? 1 : n.count, length = runs ? n.count * n.inner : n.inner;
-  if (rows == 0) return;
-  parallel_for(n.outer * rows, length, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t r = begin; r < end; ++r) {
-      const std::int64_t o = r / rows, k = r % rows;
-      std::copy_n(src + (o * from.dim + from.start + k * from.step) * n.inner, length,
-                  dst + (o * to.dim + to.start + k * to.step) * n.inner);
-    }
-  });
+  by_device(
+      "copy", device,
+      [&] {
+        const bool runs = from.step == 1 && to.step == 1;  // then each block's rows are one contiguous run
+        const std::int64_t rows = runs ? 1 : n.count, length = runs ? n.count * n.inner : n.inner;
+        if (rows == 0) return;
+        parallel_for(n.outer * rows, length, [&](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t r = begin; r < end; ++r) {
+            const std::int64_t o = r / rows, k = r % rows;
+            std::copy_n(src + (o * from.dim + from.start + k * from.step) * n.inner, length,
+                        dst + (o * to.dim + to.start + k * to.step) * n.inner);
+          }
+        });
+      },
+      [&](auto gpu) {
+        cuda::strided_copy(dtype_v<T>, src + from.start * n.inner, dst + to.start * n.inner,
+                           {{n.outer, from.dim * n.inner, to.dim * n.inner},
+                            {n.count, from.step * n.inner, to.step * n.inner},
+                            {n.inner, 1, 1}},
+                           gpu.index);
+      });
 }
 
 // The rows start:stop:step of an axis of size `dim` by Python's rules (step >= 1), and how many there are.
@@ -244,15 +245,13 @@ template <class T> Tensor<T> permute(const Tensor<T>& t, const std::vector<int>&
   const std::vector<Walk::Axis> axes = simplify_permutation(t.shape(), perm);
   if (axes.size() <= 1 || t.numel() == 0) return t.reshape(out_shape);  // no element moves
   Tensor<T> out(out_shape, t.device());
-  if constexpr (cuda::enabled) {
-    if (!t.device().is_cpu()) {
-      std::vector<cuda::CopyAxis> copy;
-      for (const Walk::Axis& a : axes) copy.push_back({a.dim, a.src_stride, a.dst_stride});
-      cuda::strided_copy(dtype_v<T>, t.data(), out.data(), copy, t.device().index);
-      return out;
-    }
-  }
-  copy_permuted(t.data(), out.data(), axes);
+  by_device(
+      "permute", t.device(), [&] { copy_permuted(t.data(), out.data(), axes); },
+      [&](auto gpu) {
+        std::vector<cuda::CopyAxis> copy;
+        for (const Walk::Axis& a : axes) copy.push_back({a.dim, a.src_stride, a.dst_stride});
+        cuda::strided_copy(dtype_v<T>, t.data(), out.data(), copy, gpu.index);
+      });
   return out;
 }
 

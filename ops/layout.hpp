@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

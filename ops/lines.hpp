@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tensor/eigen.hpp"
+#include "tapegrad/tensor/eigen.hpp"
 
 namespace tapegrad::detail {
 

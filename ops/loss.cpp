@@ -11,19 +11,19 @@
 // Saved: the inputs (they share storage with them) and, for cross_entropy, lse per row in C, from which backward
 // recomputes softmax in full precision. On a GPU the same, with lse in a device tensor (kernels: cuda/loss.cu);
 // labels on a GPU are checked by the forward kernel, which flags the first one out of range.
-#include "ops/loss.hpp"
+#include "tapegrad/ops/loss.hpp"
 
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "cuda/loss.hpp"
-#include "cuda/memory.hpp"
-#include "ops/row_sum.hpp"
-#include "ops/softmax_stats.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/loss.hpp"
+#include "tapegrad/ops/row_sum.hpp"
+#include "tapegrad/ops/softmax_stats.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 
 namespace tapegrad {
 
@@ -247,27 +247,31 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
       [](MseSaved<T>& s, const Tensor<T>& p, const Tensor<T>& t) {
         s.pred = p;
         s.target = t;
-        if constexpr (cuda::enabled) {
-          if (!p.device().is_cpu()) return device_mse_loss(p, t);
-        }
-        const auto total =
-            detail::blocked_row_sum<C>(p.numel(), 1, 3, [&](std::int64_t begin, std::int64_t end, C* partial) {
-              for (std::int64_t i = begin; i < end; ++i) {
-                const C d = static_cast<C>(p.flat(i)) - static_cast<C>(t.flat(i));
-                partial[0] += d * d;
-              }
-            });
-        return mean_of<T>(total[0], p.numel());
+        return by_device(
+            "mse_loss", p.device(),
+            [&] {
+              const auto total =
+                  detail::blocked_row_sum<C>(p.numel(), 1, 3, [&](std::int64_t begin, std::int64_t end, C* partial) {
+                    for (std::int64_t i = begin; i < end; ++i) {
+                      const C d = static_cast<C>(p.flat(i)) - static_cast<C>(t.flat(i));
+                      partial[0] += d * d;
+                    }
+                  });
+              return mean_of<T>(total[0], p.numel());
+            },
+            [&](auto) { return device_mse_loss(p, t); });
       },
       [](const MseSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) return device_mse_grads(s, dy, needs);
-        }
-        const C scale = C(2) * static_cast<C>(dy.flat(0)) / static_cast<C>(s.pred.numel());
-        Tensor<T> dpred, dtarget;
-        if (needs[0]) dpred = scaled_difference(s, scale);
-        if (needs[1]) dtarget = scaled_difference(s, -scale);
-        return std::tuple{dpred, dtarget};
+        return by_device(
+            "mse_loss", dy.device(),
+            [&] {
+              const C scale = C(2) * static_cast<C>(dy.flat(0)) / static_cast<C>(s.pred.numel());
+              Tensor<T> dpred, dtarget;
+              if (needs[0]) dpred = scaled_difference(s, scale);
+              if (needs[1]) dtarget = scaled_difference(s, -scale);
+              return std::tuple{dpred, dtarget};
+            },
+            [&](auto) { return device_mse_grads(s, dy, needs); });
       },
       pred, target);
 }
@@ -282,16 +286,18 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::
   return custom_op<Saved>(
       "cross_entropy",
       [&](Saved& s, const Tensor<T>& x) {
-        if constexpr (cuda::enabled) {
-          if (!x.device().is_cpu()) return device_cross_entropy_forward(s, x, labels);
-        }
-        return cross_entropy_forward(s, x, labels);
+        return by_device(
+            "cross_entropy", x.device(), [&] { return cross_entropy_forward(s, x, labels); },
+            [&](auto) { return device_cross_entropy_forward(s, x, labels); });
       },
       [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) return std::get<0>(device_cross_entropy_grads(s, dy, true, false));
-        }
-        return cross_entropy_dlogits(s, static_cast<compute_t<T>>(dy.flat(0)) / static_cast<compute_t<T>>(s.rows));
+        return by_device(
+            "cross_entropy", dy.device(),
+            [&] {
+              return cross_entropy_dlogits(s, static_cast<compute_t<T>>(dy.flat(0)) /
+                                                  static_cast<compute_t<T>>(s.rows));
+            },
+            [&](auto) { return std::get<0>(device_cross_entropy_grads(s, dy, true, false)); });
       },
       logits);
 }
@@ -306,20 +312,21 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& targ
   return custom_op<Saved>(
       "cross_entropy",
       [](Saved& s, const Tensor<T>& x, const Tensor<T>& q) {
-        if constexpr (cuda::enabled) {
-          if (!x.device().is_cpu()) return device_cross_entropy_forward(s, x, q);
-        }
-        return cross_entropy_forward(s, x, q);
+        return by_device(
+            "cross_entropy", x.device(), [&] { return cross_entropy_forward(s, x, q); },
+            [&](auto) { return device_cross_entropy_forward(s, x, q); });
       },
       [](const Saved& s, const NeedsGrad& needs, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) return device_cross_entropy_grads(s, dy, needs[0], needs[1]);
-        }
-        const auto scale = static_cast<compute_t<T>>(dy.flat(0)) / static_cast<compute_t<T>>(s.rows);
-        Tensor<T> dlogits, dtargets;
-        if (needs[0]) dlogits = cross_entropy_dlogits(s, scale);
-        if (needs[1]) dtargets = cross_entropy_dtargets(s, scale);
-        return std::tuple{dlogits, dtargets};
+        return by_device(
+            "cross_entropy", dy.device(),
+            [&] {
+              const auto scale = static_cast<compute_t<T>>(dy.flat(0)) / static_cast<compute_t<T>>(s.rows);
+              Tensor<T> dlogits, dtargets;
+              if (needs[0]) dlogits = cross_entropy_dlogits(s, scale);
+              if (needs[1]) dtargets = cross_entropy_dtargets(s, scale);
+              return std::tuple{dlogits, dtargets};
+            },
+            [&](auto) { return device_cross_entropy_grads(s, dy, needs[0], needs[1]); });
       },
       logits, target_probs);
 }

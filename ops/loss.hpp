@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

@@ -14,15 +14,15 @@
 // axes is expanded first. The gradient of a stack that several products share is computed per product and summed
 // down with sum_to, except for the shared B of x · W: Aᵀ · dC over all products is one GEMM over the stacked rows.
 // (Such a per-product bf16/f16 gradient is rounded before the sum, as in PyTorch; every other result once.)
-#include "ops/matmul.hpp"
+#include "tapegrad/ops/matmul.hpp"
 
 #include <numeric>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/blaslt.hpp"
-#include "cuda/enabled.hpp"
-#include "ops/broadcast.hpp"
-#include "ops/gemm.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -236,14 +236,8 @@ std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulSaved<T>& s, const 
   return {da, db};
 }
 
-template <class T> Tensor<T> matmul_forward(MatmulSaved<T>& s, const Tensor<T>& a, const Tensor<T>& b) {
+template <class T> Tensor<T> host_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
   using C = compute_t<T>;
-  const MatmulPlan& p = s.plan;
-  s.a = a;
-  s.b = b;
-  if constexpr (cuda::enabled) {
-    if (!a.device().is_cpu()) return device_forward(p, a, b);
-  }
   const Tensor<C> a_c = cast<C>(a), b_c = cast<C>(b);  // no copy for f32/f64
   Tensor<C> c(p.out);
   batched_gemm<C>({a_c.data(), p.a_matrices, p.M, p.K, p.a_index},  //
@@ -253,11 +247,7 @@ template <class T> Tensor<T> matmul_forward(MatmulSaved<T>& s, const Tensor<T>& 
 }
 
 template <class T>
-std::tuple<Tensor<T>, Tensor<T>> matmul_backward(const MatmulSaved<T>& s, const NeedsGrad& needs,
-                                                 const Tensor<T>& dc) {
-  if constexpr (cuda::enabled) {
-    if (!dc.device().is_cpu()) return device_backward(s, needs, dc);
-  }
+std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
   using C = compute_t<T>;
   const MatmulPlan& p = s.plan;
   const Tensor<C> dc_c = cast<C>(dc);
@@ -290,9 +280,18 @@ template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
       "matmul",
       [&](MatmulSaved<T>& s, const Tensor<T>& x, const Tensor<T>& y) {
         s.plan = std::move(plan);
-        return matmul_forward(s, x, y);
+        s.a = x;
+        s.b = y;
+        return by_device(
+            "matmul", x.device(), [&] { return host_forward(s.plan, x, y); },
+            [&](auto) { return device_forward(s.plan, x, y); });
       },
-      matmul_backward<T>, a, b);
+      [](const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
+        return by_device(
+            "matmul", dc.device(), [&] { return host_backward(s, needs, dc); },
+            [&](auto) { return device_backward(s, needs, dc); });
+      },
+      a, b);
 }
 
 #define TAPEGRAD_INSTANTIATE_MATMUL(T) template Var<T> matmul<T>(const Var<T>&, const Var<T>&);

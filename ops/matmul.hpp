@@ -1,7 +1,7 @@
 // Matrix products with NumPy/PyTorch `matmul` semantics, recorded as one tape node.
 #pragma once
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

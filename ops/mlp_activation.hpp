@@ -1,5 +1,5 @@
 // The activations of layernorm_mlp as vectorized row kernels for the CPU (Eigen arrays in C = compute_t<T>): the
-// functions of ops/activation_arrays.hpp, the gates of the gated variants, and the dispatch over Activation.
+// functions of ops/activation_arrays.hpp, the gates of the gated variants, and the dispatch over their forms.
 // Internal: included by ops/layernorm_mlp.cpp only.
 //
 // An activation is a function `fn` of z₀ and, for gated ones, a gate of z₁: a = fn(z₀) · gate(z₁). Each part
@@ -12,8 +12,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/activation_arrays.hpp"  // ReluFn, SwishFn, GeluTanhFn, SigmoidFn, SquaredReluFn
-#include "ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/activation_arrays.hpp"  // ReluFn, SwishFn, GeluTanhFn, SigmoidFn, SquaredReluFn
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/core/mlp_activation.hpp"
 
 namespace tapegrad::detail {
 
@@ -47,25 +48,28 @@ struct ClampedLinearGate {
   }
 };
 
-// Calls body(fn, gate) with the compile-time parts of `activation`.
-template <class Body> decltype(auto) with_activation(const LayerNormMLPOptions& options, Body&& body) {
-  const ClampedSwigluParams& clamp = options.clamped_swiglu;
-  switch (options.activation) {
-    case Activation::relu: return body(ReluFn{}, NoGate{});
-    case Activation::gelu: return body(GeluTanhFn{}, NoGate{});
-    case Activation::silu: return body(SwishFn{1.0}, NoGate{});
-    case Activation::quick_gelu: return body(SwishFn{activation::quick_gelu_alpha}, NoGate{});
-    case Activation::squared_relu: return body(SquaredReluFn{}, NoGate{});
-    case Activation::reglu: return body(ReluFn{}, LinearGate{});
-    case Activation::geglu: return body(GeluTanhFn{}, LinearGate{});
-    case Activation::swiglu: return body(SwishFn{1.0}, LinearGate{});
-    case Activation::glu: return body(SigmoidFn{}, LinearGate{});
-    case Activation::qgeglu: return body(SwishFn{activation::quick_gelu_alpha}, LinearGate{});
-    case Activation::sreglu: return body(SquaredReluFn{}, LinearGate{});
-    case Activation::clamped_swiglu:
-      return body(ClampedSwishFn{clamp.alpha, clamp.limit}, ClampedLinearGate{clamp.limit});
+// Calls body(fn, gate) with the compile-time functor of `form`'s function and of its gate (the clamped function
+// comes with the clamped gate only: the other pairs are never made).
+template <class Body> decltype(auto) with_activation(const MlpActivation& form, Body&& body) {
+  auto with_gate = [&](const auto& fn) -> decltype(body(ReluFn{}, NoGate{})) {
+    constexpr bool clamped = std::is_same_v<std::decay_t<decltype(fn)>, ClampedSwishFn>;
+    if constexpr (clamped) {
+      if (form.gate == MlpGate::clamped_linear) return body(fn, ClampedLinearGate{form.limit});
+    } else {
+      if (form.gate == MlpGate::none) return body(fn, NoGate{});
+      if (form.gate == MlpGate::linear) return body(fn, LinearGate{});
+    }
+    throw Error("layernorm_mlp: no activation has this function and gate");
+  };
+  switch (form.fn) {
+    case MlpFunction::relu: return with_gate(ReluFn{});
+    case MlpFunction::gelu_tanh: return with_gate(GeluTanhFn{});
+    case MlpFunction::swish: return with_gate(SwishFn{form.alpha});
+    case MlpFunction::squared_relu: return with_gate(SquaredReluFn{});
+    case MlpFunction::sigmoid: return with_gate(SigmoidFn{});
+    case MlpFunction::clamped_swish: return with_gate(ClampedSwishFn{form.alpha, form.limit});
   }
-  throw Error("layernorm_mlp: unknown activation");
+  throw Error("layernorm_mlp: unknown activation function");
 }
 
 }  // namespace tapegrad::detail

@@ -1,16 +1,16 @@
 // layernorm and rmsnorm as tape nodes; the row kernels and their formulas are in ops/norm_rows.hpp (cpu) and
 // cuda/norm.cu (GPU).
-#include "ops/norm.hpp"
+#include "tapegrad/ops/norm.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "cuda/norm.hpp"
-#include "ops/norm_rows.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/norm.hpp"
+#include "tapegrad/ops/norm_rows.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -128,23 +128,22 @@ Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T
       [&](NormSaved<T>& s, const Tensor<T>& xv, const Tensor<T>& gammav, const auto&... betav) {
         const Tensor<T>* b = nullptr;
         ((b = &betav), ...);
-        if constexpr (cuda::enabled) {
-          if (!xv.device().is_cpu()) return device_norm_forward(s.device, kind, options, xv, gammav, b);
-        }
-        s.host = detail::NormRows<T>(kind.centered, xv, gammav, b, options.zero_centered_gamma);
-        Tensor<T> y(xv.shape());
-        s.host.forward(options.epsilon, y.data());
-        return y;
+        return by_device(
+            kind.op, xv.device(),
+            [&] {
+              s.host = detail::NormRows<T>(kind.centered, xv, gammav, b, options.zero_centered_gamma);
+              Tensor<T> y(xv.shape());
+              s.host.forward(options.epsilon, y.data());
+              return y;
+            },
+            [&](auto) { return device_norm_forward(s.device, kind, options, xv, gammav, b); });
       },
-      [](const NormSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
+      [op = kind.op](const NormSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
         constexpr bool has_beta = sizeof...(Beta) > 0;
         const bool need_dgamma = needs[1], need_dbeta = has_beta && needs[2];
-        const Grads<T> g = [&] {
-          if constexpr (cuda::enabled) {
-            if (!dy.device().is_cpu()) return device_norm_backward(s.device, dy, needs[0], need_dgamma, need_dbeta);
-          }
-          return host_norm_backward(s.host, dy, needs[0], need_dgamma, need_dbeta);
-        }();
+        const Grads<T> g = by_device(
+            op, dy.device(), [&] { return host_norm_backward(s.host, dy, needs[0], need_dgamma, need_dbeta); },
+            [&](auto) { return device_norm_backward(s.device, dy, needs[0], need_dgamma, need_dbeta); });
         if constexpr (has_beta) {
           return std::tuple{g.dx, g.dgamma, g.dbeta};
         } else {

@@ -6,7 +6,7 @@
 // is then visible at the call site and cannot be passed by accident.
 #pragma once
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

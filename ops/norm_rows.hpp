@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "ops/row_sum.hpp"
-#include "tensor/tensor.hpp"
+#include "tapegrad/ops/row_sum.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::detail {
 

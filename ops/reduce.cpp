@@ -11,20 +11,20 @@
 // On a GPU x is reduced where it lies, without a permute (cuda/reduce.hpp), with the same accumulation types; max
 // also records the flat index of each maximum, and its backward scatters dy there. Sum and mean spread dy back with
 // expand_to, after dividing it by the count for mean.
-#include "ops/reduce.hpp"
+#include "tapegrad/ops/reduce.hpp"
 
 #include <algorithm>
 #include <array>
 #include <limits>
 #include <type_traits>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "cuda/reduce.hpp"
-#include "ops/axes.hpp"
-#include "ops/broadcast.hpp"
-#include "ops/layout.hpp"
-#include "tensor/eigen.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/reduce.hpp"
+#include "tapegrad/ops/axes.hpp"
+#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -240,16 +240,15 @@ Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, con
       [&](Saved& s, const Tensor<T>& x) {
         s.layout = plan_reduce(x.shape(), axes, keepdim, op);
         s.divisor = average ? static_cast<double>(s.layout.n) : 1.0;
-        if constexpr (cuda::enabled) {
-          if (!x.device().is_cpu()) return sum_on_device(x, s.layout, s.divisor);
-        }
-        return reduce_middle<Add, sum_acc_t<T>>(to_layout(x, s.layout, op), s.layout, s.divisor);
+        return by_device(
+            op, x.device(),
+            [&] { return reduce_middle<Add, sum_acc_t<T>>(to_layout(x, s.layout, op), s.layout, s.divisor); },
+            [&](auto) { return sum_on_device(x, s.layout, s.divisor); });
       },
       [op](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) return spread_on_device(dy, s.layout, s.divisor);
-        }
-        return from_layout(spread_middle(dy, s.layout, s.divisor), s.layout, op);
+        return by_device(
+            op, dy.device(), [&] { return from_layout(spread_middle(dy, s.layout, s.divisor), s.layout, op); },
+            [&](auto) { return spread_on_device(dy, s.layout, s.divisor); });
       },
       x);
 }
@@ -315,27 +314,28 @@ template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepd
           check(false, "max", "cannot take the maximum over zero elements: shape ", x.shape(), " reduced over axes ",
                 axes.empty() ? std::string("(all)") : list_str(axes));
         }
-        if constexpr (cuda::enabled) {
-          if (!x.device().is_cpu()) {
-            Tensor<T> y(s.layout.y_shape, x.device());
-            s.argmax = Tensor<std::int64_t>(s.layout.y_shape, x.device());
-            cuda::max(dtype_v<T>, x.data(), reduction_of(s.layout), y.data(), s.argmax.data(), x.device().index);
-            return y;
-          }
-        }
-        s.xs = to_layout(x, s.layout, "max");
-        s.y = reduce_middle<Max, compute_t<T>>(s.xs, s.layout, 1.0);
-        return s.y;
+        return by_device(
+            "max", x.device(),
+            [&] {
+              s.xs = to_layout(x, s.layout, "max");
+              s.y = reduce_middle<Max, compute_t<T>>(s.xs, s.layout, 1.0);
+              return s.y;
+            },
+            [&](auto gpu) {
+              Tensor<T> y(s.layout.y_shape, gpu);
+              s.argmax = Tensor<std::int64_t>(s.layout.y_shape, gpu);
+              cuda::max(dtype_v<T>, x.data(), reduction_of(s.layout), y.data(), s.argmax.data(), gpu.index);
+              return y;
+            });
       },
       [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) {
-            Tensor<T> dx = zeros<T>(s.layout.x_shape, dy.device());
-            cuda::scatter_to_argmax(dtype_v<T>, dy.data(), s.argmax.data(), dy.numel(), dx.data(), dy.device().index);
-            return dx;
-          }
-        }
-        return from_layout(route_to_argmax(s.xs, s.y, dy, s.layout), s.layout, "max");
+        return by_device(
+            "max", dy.device(), [&] { return from_layout(route_to_argmax(s.xs, s.y, dy, s.layout), s.layout, "max"); },
+            [&](auto gpu) {
+              Tensor<T> dx = zeros<T>(s.layout.x_shape, gpu);
+              cuda::scatter_to_argmax(dtype_v<T>, dy.data(), s.argmax.data(), dy.numel(), dx.data(), gpu.index);
+              return dx;
+            });
       },
       x);
 }

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

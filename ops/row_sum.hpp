@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tensor/eigen.hpp"
+#include "tapegrad/tensor/eigen.hpp"
 
 namespace tapegrad::detail {
 

@@ -8,15 +8,15 @@
 // Saved: x (it shares the input's storage) and each line's max and sum in C. Backward recomputes p from them in
 // full precision instead of reading back the rounded output: exp of a bf16 log-softmax output would be off by up
 // to |y|·2⁻⁹ relative. On a GPU the same, with the statistics in device tensors (kernels: cuda/softmax.cu).
-#include "ops/softmax.hpp"
+#include "tapegrad/ops/softmax.hpp"
 
 #include <cmath>
 #include <vector>
 
-#include "autodiff/custom_op.hpp"
-#include "cuda/enabled.hpp"
-#include "cuda/softmax.hpp"
-#include "ops/softmax_stats.hpp"
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/cuda/softmax.hpp"
+#include "tapegrad/ops/softmax_stats.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -95,17 +95,18 @@ Var<T> record_softmax(const char* op, bool log, const Var<T>& x, int axis, Forwa
       [&](SoftmaxSaved<T>& s, const Tensor<T>& xv) {
         s.x = xv;
         s.layout = layout;
-        if constexpr (cuda::enabled) {
-          if (!xv.device().is_cpu()) return device_softmax_forward(s, log);
-        }
-        s.stats = detail::softmax_stats(xv, layout);
-        return forward(s);
+        return by_device(
+            op, xv.device(),
+            [&] {
+              s.stats = detail::softmax_stats(xv, layout);
+              return forward(s);
+            },
+            [&](auto) { return device_softmax_forward(s, log); });
       },
-      [backward, log](const SoftmaxSaved<T>& s, const NeedsGrad&, const Tensor<T>& dy) {
-        if constexpr (cuda::enabled) {
-          if (!dy.device().is_cpu()) return device_softmax_backward(s, log, dy);
-        }
-        return backward(s, dy);
+      [backward, log, op](const SoftmaxSaved<T>& s, const NeedsGrad&, const Tensor<T>& dy) {
+        return by_device(
+            op, dy.device(), [&] { return backward(s, dy); },
+            [&](auto) { return device_softmax_backward(s, log, dy); });
       },
       x);
 }

@@ -2,7 +2,7 @@
 // (ops/softmax.cpp). Numerically stable (the line's max is subtracted first); computed in compute_t<T>.
 #pragma once
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad {
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/lines.hpp"
+#include "tapegrad/ops/lines.hpp"
 
 namespace tapegrad::detail {
 

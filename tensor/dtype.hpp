@@ -12,7 +12,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "tensor/dtype_tag.hpp"
+#include "tapegrad/tensor/core/dtype_tag.hpp"
 
 namespace tapegrad {
 

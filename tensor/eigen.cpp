@@ -1,4 +1,4 @@
-#include "tensor/eigen.hpp"
+#include "tapegrad/tensor/eigen.hpp"
 
 #include <algorithm>
 #include <memory>

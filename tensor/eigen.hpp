@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad {
 

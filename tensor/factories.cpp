@@ -1,14 +1,14 @@
-#include "tensor/factories.hpp"
+#include "tapegrad/tensor/factories.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <type_traits>
 
-#include "cuda/enabled.hpp"
-#include "cuda/fill.hpp"
-#include "tensor/generate.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/generate.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/fill.hpp"
 
 namespace tapegrad {
 
@@ -16,13 +16,12 @@ namespace {
 // `shape` filled with `value` rounded to T.
 template <class T> Tensor<T> filled(const Shape& shape, double value, Device device) {
   Tensor<T> t(shape, device);  // throws for a device this build or machine does not have
-  if (device.is_cpu()) {
-    std::fill(t.span().begin(), t.span().end(), convert<T>(value));
-  } else if constexpr (cuda::enabled && is_float_dtype_v<T>) {
-    cuda::fill(dtype_v<T>, t.data(), t.numel(), value, device.index);
-  } else {
-    check(false, "full", "no GPU fill for dtype ", dtype_name(dtype_v<T>));
-  }
+  by_device(
+      "full", device, [&] { std::fill(t.span().begin(), t.span().end(), convert<T>(value)); },
+      [&](auto gpu) {
+        check(is_float_dtype_v<T>, "full", "no GPU fill for dtype ", dtype_name(dtype_v<T>));
+        cuda::fill(dtype_v<T>, t.data(), t.numel(), value, gpu.index);
+      });
   return t;
 }
 }  // namespace

@@ -1,14 +1,14 @@
-// Internal to the random factories and initializers: a tensor whose element i is a draw of tensor/random_draws.hpp
+// Internal to the random factories and initializers: a tensor whose element i is a draw of tensor/core/random_draws.hpp
 // rounded to T, on any device.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/enabled.hpp"
-#include "cuda/random.hpp"
-#include "tensor/eigen.hpp"
-#include "tensor/random_draws.hpp"
+#include "tapegrad/tensor/core/random_draws.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/random.hpp"
 
 namespace tapegrad::detail {
 
@@ -26,14 +26,15 @@ template <class T, class Draw> T rounded_draw(const Draw& draw, std::uint64_t i)
 // depends on i alone, so the chunking cannot matter), by the same formula in cuda::random_fill on a GPU.
 template <class T, class Draw> Tensor<T> draw_tensor(const Shape& shape, const Draw& draw, Device device) {
   Tensor<T> t(shape, device);  // throws for a device this build or machine does not have
-  if (device.is_cpu()) {
-    T* out = t.data();
-    parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) out[i] = rounded_draw<T>(draw, static_cast<std::uint64_t>(i));
-    });
-  } else if constexpr (cuda::enabled) {
-    cuda::random_fill(dtype_v<T>, t.data(), t.numel(), draw, device.index);
-  }
+  by_device(
+      "random", device,
+      [&] {
+        T* out = t.data();
+        parallel_for(t.numel(), 40, [&](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t i = begin; i < end; ++i) out[i] = rounded_draw<T>(draw, static_cast<std::uint64_t>(i));
+        });
+      },
+      [&](auto gpu) { cuda::random_fill(dtype_v<T>, t.data(), t.numel(), draw, gpu.index); });
   return t;
 }
 

@@ -1,4 +1,4 @@
-#include "tensor/host_memory.hpp"
+#include "tapegrad/tensor/host_memory.hpp"
 
 #include <sys/mman.h>
 
@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tensor/error.hpp"
-#include "tensor/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
 
 namespace tapegrad {
 

@@ -1,10 +1,10 @@
-#include "tensor/initializers.hpp"
+#include "tapegrad/tensor/initializers.hpp"
 
 #include <cmath>
 #include <string_view>
 
-#include "tensor/factories.hpp"
-#include "tensor/generate.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/generate.hpp"
 
 namespace tapegrad {
 

@@ -3,7 +3,7 @@
 // rounded once to T, so the bf16, f16 and f64 tensors of one seed equal the f32 tensor rounded to nearest, for
 // any thread count. Constants are rounded once from double. Semantics follow flax/JAX (jax.nn.initializers).
 //
-// On a GPU, make() computes every element by the CPU's formula (tensor/random_draws.hpp): constants and uniform
+// On a GPU, make() computes every element by the CPU's formula (tensor/core/random_draws.hpp): constants and uniform
 // initializers (uniform, *_uniform) are bitwise the cpu's; normal ones are within randn's bound
 // (tensor/factories.hpp); the truncated normal (truncated_normal and the *_normal variance scalings) takes one log
 // in erfinv, run in double and rounded to f32, so its standard draw equals the cpu's except where the two doubles
@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad {
 

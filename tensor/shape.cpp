@@ -1,11 +1,11 @@
-#include "tensor/shape.hpp"
+#include "tapegrad/tensor/shape.hpp"
 
 #include <algorithm>
 #include <ostream>
 #include <sstream>
 
-#include "tensor/error.hpp"
-#include "tensor/op_scope.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/core/op_scope.hpp"
 
 namespace tapegrad {
 

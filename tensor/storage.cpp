@@ -1,35 +1,28 @@
-#include "tensor/storage.hpp"
+#include "tapegrad/tensor/storage.hpp"
 
 #include <cstring>
 
-#include "tensor/error.hpp"
-#include "tensor/host_memory.hpp"
-#ifdef TAPEGRAD_HAVE_CUDA
-#include "cuda/memory.hpp"
-#endif
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
+#include "tapegrad/tensor/host_memory.hpp"
 
 namespace tapegrad {
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes, Device device) {
-  if (!device.is_cpu()) {
-#ifdef TAPEGRAD_HAVE_CUDA
-    const cuda::Block block = cuda::device_allocate(bytes, device.index);
-    return std::shared_ptr<Storage>(new Storage(block.ptr, bytes, device, block.stream));
-#else
-    throw Error(detail::concat("allocate: device ", device, " is not available: tapegrad was built without CUDA"));
-#endif
-  }
-  return std::shared_ptr<Storage>(new Storage(detail::host_allocate(bytes), bytes, device, nullptr));
+  return by_device(
+      "allocate", device,
+      [&] { return std::shared_ptr<Storage>(new Storage(detail::host_allocate(bytes), bytes, device, nullptr)); },
+      [&](auto gpu) {
+        const cuda::Block block = cuda::device_allocate(bytes, gpu.index);
+        return std::shared_ptr<Storage>(new Storage(block.ptr, bytes, gpu, block.stream));
+      });
 }
 
 Storage::~Storage() {
-  if (device_.is_cpu()) {
-    detail::host_free(data_, bytes_);
-    return;
-  }
-#ifdef TAPEGRAD_HAVE_CUDA
-  cuda::device_free({data_, bytes_, device_.index, stream_});
-#endif
+  by_device(
+      "free", device_, [&] { detail::host_free(data_, bytes_); },
+      [&](auto gpu) { cuda::device_free({data_, bytes_, gpu.index, stream_}); });
 }
 
 void copy_bytes(void* dst, Device to, const void* src, Device from, std::size_t bytes) {
@@ -37,15 +30,18 @@ void copy_bytes(void* dst, Device to, const void* src, Device from, std::size_t 
     if (bytes != 0) std::memcpy(dst, src, bytes);
     return;
   }
-#ifdef TAPEGRAD_HAVE_CUDA  // (without CUDA no storage is anywhere but on the cpu)
-  if (from.is_cpu()) {
-    cuda::copy_host_to_device(dst, src, bytes, to.index);
-  } else if (to.is_cpu()) {
-    cuda::copy_device_to_host(dst, src, bytes, from.index);
-  } else {
-    cuda::copy_device_to_device(dst, to.index, src, from.index, bytes);
-  }
-#endif
+  // (without CUDA no storage is anywhere but on the cpu)
+  by_device(
+      "copy", from.is_cpu() ? to : from, [] {},
+      [&](auto) {
+        if (from.is_cpu()) {
+          cuda::copy_host_to_device(dst, src, bytes, to.index);
+        } else if (to.is_cpu()) {
+          cuda::copy_device_to_host(dst, src, bytes, from.index);
+        } else {
+          cuda::copy_device_to_device(dst, to.index, src, from.index, bytes);
+        }
+      });
 }
 
 }  // namespace tapegrad

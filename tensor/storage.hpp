@@ -1,11 +1,11 @@
 // Reference-counted memory shared by tensors and their reshaped views: 64-byte aligned host memory, or device
-// memory from the CUDA backend's stream-ordered pool (cuda/memory.hpp).
+// memory from the CUDA backend's stream-ordered pool (tensor/gpu/memory.hpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
-#include "tensor/device.hpp"
+#include "tapegrad/tensor/core/device.hpp"
 
 struct CUstream_st;
 

@@ -13,19 +13,18 @@
 #include <string_view>
 #include <vector>
 
-#include "cuda/cast.hpp"
-#include "cuda/enabled.hpp"
-#include "tensor/device.hpp"
-#include "tensor/device_checks.hpp"
-#include "tensor/dtype.hpp"
-#include "tensor/error.hpp"
-#include "tensor/shape.hpp"
-#include "tensor/storage.hpp"
+#include "tapegrad/tensor/core/device.hpp"
+#include "tapegrad/tensor/core/device_checks.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/dtype.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"  // (and with it the check that headers and library agree on CUDA)
+#include "tapegrad/tensor/shape.hpp"
+#include "tapegrad/tensor/storage.hpp"
 
 namespace tapegrad {
 
 namespace detail {
-// The bytes a tensor of `shape` and `dtype` takes; throws Error naming the op in scope (tensor/op_scope.hpp), the
+// The bytes a tensor of `shape` and `dtype` takes; throws Error naming the op in scope (tensor/core/op_scope.hpp), the
 // shape and the dtype when that is more than memory can address (2^63 - 1 bytes), before anything is allocated.
 std::size_t tensor_bytes(const Shape& shape, DType dtype);
 [[noreturn]] void throw_undefined_tensor(std::string_view op, std::string_view what);
@@ -148,26 +147,18 @@ template <class T> class Tensor {
   Device device_;  // the storage's, kept here so that element access checks it without following the pointer
 };
 
+namespace detail {
+// The copy of `t` converted to To element by element (tensor/cast.cpp instantiates every pair of dtypes).
+template <class To, class From> Tensor<To> converted(const Tensor<From>& t);
+}  // namespace detail
+
 // Element-type conversion with round-to-nearest-even, on the tensor's device (bitwise the same on a GPU as on the
-// cpu; conversions to or from the integer types run on the cpu only).
+// cpu; conversions to or from the integer types run on the cpu only). A cast to the tensor's own dtype is the tensor.
 template <class To, class From> Tensor<To> cast(const Tensor<From>& t) {
   if constexpr (std::is_same_v<To, From>) {
     return t;
   } else {
-    if constexpr (cuda::enabled && is_float_dtype_v<To> && is_float_dtype_v<From>) {
-      if (!t.device().is_cpu()) {
-        Tensor<To> out(t.shape(), t.device());
-        cuda::cast(dtype_v<From>, t.data(), dtype_v<To>, out.data(), t.numel(), t.device().index);
-        return out;
-      }
-    }
-    check_defined(t, "cast");
-    check_on_cpu("cast", 0, t.device());
-    Tensor<To> out(t.shape());
-    const From* src = t.data();
-    To* dst = out.data();
-    for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = convert<To>(src[i]);
-    return out;
+    return detail::converted<To>(t);
   }
 }
 

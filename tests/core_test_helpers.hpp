@@ -3,7 +3,7 @@
 #pragma once
 
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::test {
 

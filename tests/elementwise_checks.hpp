@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core_test_helpers.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::test {
 

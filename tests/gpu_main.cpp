@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "cuda/device.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 
 int main(int argc, char** argv) {
   if (tapegrad::cuda::device_count() == 0) {

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "support.hpp"
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::test {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::test {
 

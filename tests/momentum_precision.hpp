@@ -10,7 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::test {
 

@@ -1,7 +1,7 @@
 // The norm ops that the norm tests, cpu and GPU, sweep: layernorm with and without beta, and rmsnorm.
 #pragma once
 
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::test::norm_cases {
 

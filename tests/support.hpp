@@ -9,8 +9,8 @@
 #include <cstring>
 #include <limits>
 
-#include "tensor/eigen.hpp"
-#include "tensor/tensor.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/tensor.hpp"
 
 TYPE_TO_STRING(tapegrad::bf16);
 TYPE_TO_STRING(tapegrad::f16);

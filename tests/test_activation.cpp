@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "elementwise_checks.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::check_close;
@@ -12,7 +12,7 @@ using test::exact;
 using test::Domain;
 
 namespace {
-// Plain double formulas, written independently of cuda/activation_math.hpp.
+// Plain double formulas, written independently of tensor/core/activation_math.hpp.
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
 double gelu_ref(double x) { return x * 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double gelu_tanh_ref(double x) {

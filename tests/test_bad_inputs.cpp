@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "core_test_helpers.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 #ifdef TAPEGRAD_HAVE_CUDA
-#include "cuda/device.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 #endif
 
 using namespace tapegrad;

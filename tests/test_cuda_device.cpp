@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
-#include "cuda/device.hpp"
-#include "tensor/error.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 
 using namespace tapegrad;
 

@@ -1,12 +1,12 @@
-// CUDA graph capture and replay (cuda/graph.hpp) on a real GPU: replays give the eager results bit for bit, see
+// CUDA graph capture and replay (tensor/gpu/graph.hpp) on a real GPU: replays give the eager results bit for bit, see
 // new values written into their inputs, take a whole layernorm_mlp forward and backward, refuse work that waits
 // for the device, and give their memory back.
 #include <doctest/doctest.h>
 
-#include "cuda/graph.hpp"
-#include "cuda/memory.hpp"
+#include "tapegrad/tensor/gpu/graph.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

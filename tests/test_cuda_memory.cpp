@@ -10,9 +10,9 @@
 #include <string>
 #include <thread>
 
-#include "cuda/memory.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

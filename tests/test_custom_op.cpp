@@ -6,7 +6,7 @@
 #include <tuple>
 
 #include "core_test_helpers.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::check_close;

@@ -5,9 +5,9 @@
 #include <sstream>
 #include <string>
 
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 #ifdef TAPEGRAD_HAVE_CUDA
-#include "cuda/device.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 #endif
 
 using namespace tapegrad;

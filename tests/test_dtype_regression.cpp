@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "examples/project_attend.hpp"
+#include "project_attend.hpp"
 #include "support.hpp"
 
 using namespace tapegrad;

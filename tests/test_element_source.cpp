@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "cuda/element_jit.hpp"
-#include "tensor/error.hpp"
+#include "tapegrad/cuda/element_jit.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 
 using namespace tapegrad;
 using namespace tapegrad::cuda;

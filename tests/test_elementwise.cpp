@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "elementwise_checks.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::check_close;

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <string>
 
-#include "cuda/elementwise.hpp"
+#include "tapegrad/cuda/elementwise.hpp"
 #include "gpu_reference.hpp"
 
 using namespace tapegrad;

@@ -12,12 +12,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/row_copy.hpp"
-#include "cuda/strided_copy.hpp"
+#include "tapegrad/cuda/row_copy.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
 #include "gpu_reference.hpp"
-#include "ops/broadcast.hpp"
+#include "tapegrad/ops/broadcast.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

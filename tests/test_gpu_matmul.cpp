@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/activation_math.hpp"
-#include "cuda/blaslt.hpp"
-#include "cuda/device.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/tensor/core/activation_math.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 #include "gpu_reference.hpp"
-#include "ops/gemm.hpp"
+#include "tapegrad/ops/gemm.hpp"
 
 using namespace tapegrad;
 using test::check_against_cpu;

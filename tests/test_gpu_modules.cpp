@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "examples/project_attend.hpp"
+#include "project_attend.hpp"
 #include "gpu_random_checks.hpp"
 #include "gpu_reference.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/norm.hpp"
+#include "tapegrad/cuda/norm.hpp"
 #include "gpu_reference.hpp"
 #include "norm_cases.hpp"
 

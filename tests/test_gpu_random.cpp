@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/device.hpp"
+#include "tapegrad/tensor/gpu/device.hpp"
 #include "gpu_random_checks.hpp"
 #include "gpu_reference.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

@@ -8,12 +8,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/partial_sums.hpp"
+#include "tapegrad/cuda/partial_sums.hpp"
 #include "gpu_reference.hpp"
-#include "ops/axes.hpp"
-#include "ops/broadcast.hpp"
+#include "tapegrad/ops/axes.hpp"
+#include "tapegrad/ops/broadcast.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

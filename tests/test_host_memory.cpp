@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "tapegrad.hpp"
-#include "tensor/host_memory.hpp"
+#include "tapegrad/tapegrad.hpp"
+#include "tapegrad/tensor/host_memory.hpp"
 
 using namespace tapegrad;
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
-#include "tensor/truncated_normal.hpp"
+#include "tapegrad/tapegrad.hpp"
+#include "tapegrad/tensor/core/truncated_normal.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "support.hpp"
-#include "ops/layernorm_mlp_check.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::Tolerance;

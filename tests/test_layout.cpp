@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "reference.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::ravel;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::Tolerance;

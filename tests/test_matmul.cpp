@@ -1,9 +1,9 @@
 #include <doctest/doctest.h>
 
-#include "ops/broadcast.hpp"
-#include "ops/gemm.hpp"
+#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/gemm.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::check_close;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/project_attend.hpp"
+#include "project_attend.hpp"
 #include "module_support.hpp"
 
 using namespace tapegrad;

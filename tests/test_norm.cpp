@@ -6,7 +6,7 @@
 
 #include "norm_cases.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::Tolerance;

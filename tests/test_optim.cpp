@@ -9,7 +9,7 @@
 
 #include "momentum_precision.hpp"
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using namespace tapegrad::optim;

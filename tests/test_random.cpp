@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
-#include "tensor/philox.hpp"
+#include "tapegrad/tapegrad.hpp"
+#include "tapegrad/tensor/core/philox.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

@@ -1,8 +1,8 @@
 // The README's examples, compiled and run, so that the user's manual stays true.
 #include <doctest/doctest.h>
 
-#include "examples/project_attend.hpp"
-#include "tapegrad.hpp"
+#include "project_attend.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

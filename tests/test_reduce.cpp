@@ -3,9 +3,9 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/axes.hpp"
+#include "tapegrad/ops/axes.hpp"
 #include "reference.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::ravel;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::Tolerance;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "examples/project_attend.hpp"
+#include "project_attend.hpp"
 #include "module_support.hpp"
 
 using namespace tapegrad;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core_test_helpers.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 using test::check_close;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "support.hpp"
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

@@ -1,16 +1,16 @@
-#include "ops/nn/attention.hpp"
+#include "tapegrad/ops/nn/attention.hpp"
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "cuda/enabled.hpp"
-#include "cuda/fill.hpp"
-#include "ops/elementwise.hpp"
-#include "ops/layout.hpp"
-#include "ops/matmul.hpp"
-#include "ops/softmax.hpp"
-#include "tensor/factories.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/softmax.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/fill.hpp"
 
 namespace tapegrad::nn {
 
@@ -20,19 +20,21 @@ namespace {
 // place on a GPU (no host copy, which would wait for the stream).
 template <class U> Tensor<U> causal_mask(std::int64_t Sq, std::int64_t Sk, Device device) {
   constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
-  if constexpr (cuda::enabled) {
-    if (!device.is_cpu()) {
-      Tensor<U> mask({Sq, Sk}, device);
-      cuda::fill_triangular(dtype_v<U>, mask.data(), Sq, Sk, 0.0, minus_infinity, device.index);
-      return mask;
-    }
-  }
-  Tensor<U> mask = zeros<U>({Sq, Sk});
-  const U above = convert<U>(minus_infinity);
-  for (std::int64_t i = 0; i < Sq; ++i) {
-    for (std::int64_t j = i + 1; j < Sk; ++j) mask(i, j) = above;
-  }
-  return mask;
+  return by_device(
+      "causal_mask", device,
+      [&] {
+        Tensor<U> mask = zeros<U>({Sq, Sk});
+        const U above = convert<U>(minus_infinity);
+        for (std::int64_t i = 0; i < Sq; ++i) {
+          for (std::int64_t j = i + 1; j < Sk; ++j) mask(i, j) = above;
+        }
+        return mask;
+      },
+      [&](auto gpu) {
+        Tensor<U> mask({Sq, Sk}, gpu);
+        cuda::fill_triangular(dtype_v<U>, mask.data(), Sq, Sk, 0.0, minus_infinity, gpu.index);
+        return mask;
+      });
 }
 
 }  // namespace

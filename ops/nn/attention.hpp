@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "ops/nn/dense.hpp"
-#include "ops/nn/layer_norm_dense.hpp"
+#include "tapegrad/ops/nn/dense.hpp"
+#include "tapegrad/ops/nn/layer_norm_dense.hpp"
 
 namespace tapegrad::nn {
 

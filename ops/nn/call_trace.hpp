@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad::nn {
 

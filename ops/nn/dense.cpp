@@ -1,7 +1,7 @@
-#include "ops/nn/dense.hpp"
+#include "tapegrad/ops/nn/dense.hpp"
 
-#include "ops/elementwise.hpp"
-#include "ops/matmul.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/matmul.hpp"
 
 namespace tapegrad::nn {
 

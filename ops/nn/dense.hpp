@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "ops/cast.hpp"
-#include "ops/nn/dtypes.hpp"
-#include "ops/nn/module.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/nn/dtypes.hpp"
+#include "tapegrad/ops/nn/module.hpp"
 
 namespace tapegrad::nn {
 

@@ -5,7 +5,7 @@
 
 #include <type_traits>
 
-#include "tensor/dtype.hpp"
+#include "tapegrad/tensor/dtype.hpp"
 
 namespace tapegrad::nn {
 

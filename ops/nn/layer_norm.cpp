@@ -1,6 +1,6 @@
-#include "ops/nn/layer_norm.hpp"
+#include "tapegrad/ops/nn/layer_norm.hpp"
 
-#include "ops/norm.hpp"
+#include "tapegrad/ops/norm.hpp"
 
 namespace tapegrad::nn {
 

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <optional>
 
-#include "ops/cast.hpp"
-#include "ops/layernorm_mlp.hpp"
-#include "ops/nn/dtypes.hpp"
-#include "ops/nn/module.hpp"
+#include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/nn/dtypes.hpp"
+#include "tapegrad/ops/nn/module.hpp"
 
 namespace tapegrad::nn {
 

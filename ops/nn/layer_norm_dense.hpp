@@ -10,8 +10,8 @@
 // type says what comes back.
 #pragma once
 
-#include "ops/nn/dense.hpp"
-#include "ops/nn/layer_norm.hpp"
+#include "tapegrad/ops/nn/dense.hpp"
+#include "tapegrad/ops/nn/layer_norm.hpp"
 
 namespace tapegrad::nn {
 

@@ -9,7 +9,7 @@
 //   Var<bf16> y = mlp(x);  // x [..., 128] -> [..., 128]
 #pragma once
 
-#include "ops/nn/layer_norm.hpp"
+#include "tapegrad/ops/nn/layer_norm.hpp"
 
 namespace tapegrad::nn {
 

@@ -1,4 +1,4 @@
-#include "ops/nn/module.hpp"
+#include "tapegrad/ops/nn/module.hpp"
 
 #include <algorithm>
 

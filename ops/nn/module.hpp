@@ -30,9 +30,9 @@
 #include <variant>
 #include <vector>
 
-#include "ops/nn/call_trace.hpp"
-#include "ops/nn/parameter.hpp"
-#include "tensor/initializers.hpp"
+#include "tapegrad/ops/nn/call_trace.hpp"
+#include "tapegrad/ops/nn/parameter.hpp"
+#include "tapegrad/tensor/initializers.hpp"
 
 namespace tapegrad::nn {
 

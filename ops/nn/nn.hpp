@@ -2,11 +2,11 @@
 // MultiHeadAttention and summary().
 #pragma once
 
-#include "ops/nn/attention.hpp"
-#include "ops/nn/dense.hpp"
-#include "ops/nn/layer_norm.hpp"
-#include "ops/nn/layer_norm_dense.hpp"
-#include "ops/nn/layer_norm_mlp.hpp"
-#include "ops/nn/module.hpp"
-#include "ops/nn/parameter.hpp"
-#include "ops/nn/summary.hpp"
+#include "tapegrad/ops/nn/attention.hpp"
+#include "tapegrad/ops/nn/dense.hpp"
+#include "tapegrad/ops/nn/layer_norm.hpp"
+#include "tapegrad/ops/nn/layer_norm_dense.hpp"
+#include "tapegrad/ops/nn/layer_norm_mlp.hpp"
+#include "tapegrad/ops/nn/module.hpp"
+#include "tapegrad/ops/nn/parameter.hpp"
+#include "tapegrad/ops/nn/summary.hpp"

@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "autodiff/var.hpp"
+#include "tapegrad/autodiff/var.hpp"
 
 namespace tapegrad::nn {
 

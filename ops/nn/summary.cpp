@@ -1,4 +1,4 @@
-#include "ops/nn/summary.hpp"
+#include "tapegrad/ops/nn/summary.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ops/nn/module.hpp"
+#include "tapegrad/ops/nn/module.hpp"
 
 namespace tapegrad::nn {
 

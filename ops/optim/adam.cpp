@@ -1,4 +1,4 @@
-#include "ops/optim/adam.hpp"
+#include "tapegrad/ops/optim/adam.hpp"
 
 #include <cmath>
 #include <utility>
@@ -38,11 +38,7 @@ template <class S> AdamRule<S> Adam::rule(std::int64_t t) const {
           .decoupled = decoupled_};
 }
 
-void Adam::update(const Chunk<float>& chunk, std::int64_t t) const { apply(rule<float>(t), chunk); }
-void Adam::update(const Chunk<double>& chunk, std::int64_t t) const { apply(rule<double>(t), chunk); }
-void Adam::update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const {
-  apply_on_device(buffers, rule<float>(t), rule<double>(t));
-}
+void Adam::update(UpdateTarget& target, std::int64_t t) const { target.apply(rule<float>(t), rule<double>(t)); }
 
 AdamW::AdamW(nn::ParameterList parameters, AdamWOptions options)
     : Adam("AdamW", std::move(parameters), plain(options), true) {}

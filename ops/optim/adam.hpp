@@ -6,10 +6,10 @@
 //   m = β₁·m + (1 - β₁)·g,   v = β₂·v + (1 - β₂)·g²
 //   p = p - (lr / (1 - β₁ᵗ)) · m / (sqrt(v) / sqrt(1 - β₂ᵗ) + eps)
 //
-// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: ops/optim/update_rules.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: tensor/core/update_rules.hpp.
 #pragma once
 
-#include "ops/optim/optimizer.hpp"
+#include "tapegrad/ops/optim/optimizer.hpp"
 
 namespace tapegrad::optim {
 
@@ -40,9 +40,7 @@ class Adam : public Optimizer {
  private:
   // The rule of a parameter's update number t, in state precision S.
   template <class S> AdamRule<S> rule(std::int64_t t) const;
-  void update(const Chunk<float>& chunk, std::int64_t t) const override;
-  void update(const Chunk<double>& chunk, std::int64_t t) const override;
-  void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const override;
+  void update(UpdateTarget& target, std::int64_t t) const override;
 
   AdamOptions options_;
   bool decoupled_;

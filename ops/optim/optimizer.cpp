@@ -1,4 +1,4 @@
-#include "ops/optim/optimizer.hpp"
+#include "tapegrad/ops/optim/optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,10 @@
 #include <unordered_map>
 #include <utility>
 
-#include "tensor/eigen.hpp"
-#include "tensor/factories.hpp"
+#include "tapegrad/cuda/optim.hpp"
+#include "tapegrad/tensor/eigen.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad::optim {
 
@@ -20,6 +22,56 @@ const void* identity(const nn::AnyVar& var) {
 
 // Elements converted to state precision at a time, on the stack.
 constexpr std::int64_t block_size = 256;
+
+// One T parameter with its gradient and its state buffers (state precision S = state_t<T>), updated in place.
+template <class T> class ParameterUpdate final : public UpdateTarget {
+ public:
+  using S = state_t<T>;
+  ParameterUpdate(Tensor<T> value, const Tensor<T>& grad, std::vector<Tensor<S>>& state, int state_buffers)
+      : value_(std::move(value)), grad_(grad), state_(state), state_buffers_(state_buffers) {}
+
+  void apply(const SGDRule<float>& f32, const SGDRule<double>& f64) override { run(f32, f64); }
+  void apply(const AdamRule<float>& f32, const AdamRule<double>& f64) override { run(f32, f64); }
+
+ private:
+  template <class RuleF32, class RuleF64> void run(const RuleF32& f32, const RuleF64& f64) {
+    if constexpr (std::is_same_v<S, double>) {
+      run(f64);
+    } else {
+      run(f32);
+    }
+  }
+  // The rule on every element: on the cpu in blocks converted to S, on a GPU in one fused kernel.
+  template <class Rule> void run(const Rule& rule) {
+    by_device("optimizer step", value_.device(), [&] { run_on_cpu(rule); },
+              [&](auto gpu) {
+                cuda::ParameterBuffers buffers{dtype_v<T>, value_.data(), grad_.data(), {}, value_.numel(), gpu.index};
+                for (int k = 0; k < state_buffers_; ++k) buffers.state[k] = state_[k].data();
+                cuda::optimizer_step(buffers, rule);
+              });
+  }
+  template <class Rule> void run_on_cpu(const Rule& rule) {
+    parallel_for(value_.numel(), 20, [&](std::int64_t begin, std::int64_t end) {
+      std::array<S, block_size> p, g;
+      std::array<S*, max_state_buffers> state{};
+      for (std::int64_t start = begin; start < end; start += block_size) {
+        const std::int64_t size = std::min(block_size, end - start);
+        for (int k = 0; k < state_buffers_; ++k) state[k] = state_[k].data() + start;
+        for (std::int64_t i = 0; i < size; ++i) {
+          p[i] = convert<S>(value_.flat(start + i));
+          g[i] = convert<S>(grad_.flat(start + i));
+        }
+        for (std::int64_t i = 0; i < size; ++i) rule(p[i], g[i], state.data(), i);
+        for (std::int64_t i = 0; i < size; ++i) value_.flat(start + i) = convert<T>(p[i]);
+      }
+    });
+  }
+
+  Tensor<T> value_;  // a handle on the parameter's storage
+  const Tensor<T>& grad_;
+  std::vector<Tensor<S>>& state_;  // written in place
+  int state_buffers_;
+};
 
 }  // namespace
 
@@ -81,26 +133,8 @@ void Optimizer::update_parameter(const Var<T>& var, ParameterState& state) {
   while (static_cast<int>(buffers.size()) < state_buffers_) buffers.push_back(zeros<S>(var.shape(), var.device()));
   const std::int64_t t = ++state.updates;
 
-  Tensor<T> value = var.value();  // a handle on the parameter's storage: written in place
-  if (!var.device().is_cpu()) {
-    cuda::ParameterBuffers device_buffers{dtype_v<T>, value.data(), grad.data(), {}, var.numel(), var.device().index};
-    for (int k = 0; k < state_buffers_; ++k) device_buffers.state[k] = buffers[k].data();
-    update_on_device(device_buffers, t);
-    return;
-  }
-  parallel_for(var.numel(), 20, [&](std::int64_t begin, std::int64_t end) {
-    std::array<S, block_size> p, g;
-    for (std::int64_t start = begin; start < end; start += block_size) {
-      Chunk<S> chunk{p.data(), g.data(), {}, std::min(block_size, end - start)};
-      for (int k = 0; k < state_buffers_; ++k) chunk.state[k] = buffers[k].data() + start;
-      for (std::int64_t i = 0; i < chunk.size; ++i) {
-        p[i] = convert<S>(value.flat(start + i));
-        g[i] = convert<S>(grad.flat(start + i));
-      }
-      update(chunk, t);
-      for (std::int64_t i = 0; i < chunk.size; ++i) value.flat(start + i) = convert<T>(p[i]);
-    }
-  });
+  ParameterUpdate<T> target(var.value(), grad, buffers, state_buffers_);
+  update(target, t);
 }
 
 nn::ParameterList numbered(const std::vector<nn::AnyVar>& vars) {

@@ -9,7 +9,7 @@
 //
 // Parameters may live on any device, each with its gradient on the same device; the state is created on the
 // parameter's device. On a GPU each parameter's update is one fused kernel that applies the same per-element rule
-// as the CPU loop (ops/optim/update_rules.hpp), so both give bitwise the same parameters and state. Move a module's
+// as the CPU loop (tensor/core/update_rules.hpp), so both give bitwise the same parameters and state. Move a module's
 // parameters to their device before the optimizer's first step: state made on one device is not moved to another.
 #pragma once
 
@@ -21,22 +21,23 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/enabled.hpp"
-#include "cuda/optim.hpp"
-#include "ops/nn/parameter.hpp"
-#include "ops/optim/update_rules.hpp"
+#include "tapegrad/ops/nn/parameter.hpp"
+#include "tapegrad/tensor/core/update_rules.hpp"
 
 namespace tapegrad::optim {
 
 // The precision of a T parameter's optimizer state and of its update's arithmetic.
 template <class T> using state_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// A stretch of `size` elements of one parameter in state precision: a rule updates `param` and `state` from `grad`.
-template <class S> struct Chunk {
-  S* param;
-  const S* grad;
-  std::array<S*, max_state_buffers> state;
-  std::int64_t size;
+// One parameter's update, on the parameter's device: an optimizer hands it the rule of the update in both state
+// precisions, and the parameter's dtype picks one (f64 for f64 parameters, else f32).
+class UpdateTarget {
+ public:
+  virtual void apply(const SGDRule<float>& f32, const SGDRule<double>& f64) = 0;
+  virtual void apply(const AdamRule<float>& f32, const AdamRule<double>& f64) = 0;
+
+ protected:
+  ~UpdateTarget() = default;
 };
 
 class Optimizer {
@@ -61,28 +62,10 @@ class Optimizer {
   // Throws "<name>: <what> must be <rule>, got <value>" unless `ok`.
   void require(bool ok, std::string_view what, std::string_view rule, double value) const;
 
-  // Applies an update rule (ops/optim/update_rules.hpp) to every element of a cpu chunk.
-  template <class Rule, class S> static void apply(const Rule& rule, const Chunk<S>& chunk) {
-    for (std::int64_t i = 0; i < chunk.size; ++i) rule(chunk.param[i], chunk.grad[i], chunk.state.data(), i);
-  }
-  // Runs the rule of the parameter's state precision (f64 for f64 parameters, else f32) on its GPU.
-  template <class RuleF32, class RuleF64>
-  static void apply_on_device(const cuda::ParameterBuffers& buffers, const RuleF32& f32, const RuleF64& f64) {
-    if constexpr (cuda::enabled) {
-      if (buffers.dtype == DType::f64) {
-        cuda::optimizer_step(buffers, f64);
-      } else {
-        cuda::optimizer_step(buffers, f32);
-      }
-    }
-  }
 
  private:
-  // Updates one chunk on the cpu; `t` counts this parameter's updates, this one included (1 on its first).
-  virtual void update(const Chunk<float>& chunk, std::int64_t t) const = 0;
-  virtual void update(const Chunk<double>& chunk, std::int64_t t) const = 0;
-  // Updates a whole parameter on its GPU, with the same rule.
-  virtual void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const = 0;
+  // Applies the rule of a parameter's update number t (1 on its first) to `target`.
+  virtual void update(UpdateTarget& target, std::int64_t t) const = 0;
 
   struct ParameterState {
     std::int64_t updates = 0;

@@ -1,4 +1,4 @@
-#include "ops/optim/sgd.hpp"
+#include "tapegrad/ops/optim/sgd.hpp"
 
 #include <utility>
 
@@ -26,10 +26,6 @@ template <class S> SGDRule<S> SGD::rule(std::int64_t t) const {
           .first = t == 1};
 }
 
-void SGD::update(const Chunk<float>& chunk, std::int64_t t) const { apply(rule<float>(t), chunk); }
-void SGD::update(const Chunk<double>& chunk, std::int64_t t) const { apply(rule<double>(t), chunk); }
-void SGD::update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const {
-  apply_on_device(buffers, rule<float>(t), rule<double>(t));
-}
+void SGD::update(UpdateTarget& target, std::int64_t t) const { target.apply(rule<float>(t), rule<double>(t)); }
 
 }  // namespace tapegrad::optim

@@ -5,10 +5,10 @@
 //   g = nesterov ? g + momentum·b : b              (only when momentum != 0)
 //   p = p - lr·g
 //
-// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: ops/optim/update_rules.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: tensor/core/update_rules.hpp.
 #pragma once
 
-#include "ops/optim/optimizer.hpp"
+#include "tapegrad/ops/optim/optimizer.hpp"
 
 namespace tapegrad::optim {
 
@@ -32,9 +32,7 @@ class SGD final : public Optimizer {
  private:
   // The rule of a parameter's update number t, in state precision S.
   template <class S> SGDRule<S> rule(std::int64_t t) const;
-  void update(const Chunk<float>& chunk, std::int64_t t) const override;
-  void update(const Chunk<double>& chunk, std::int64_t t) const override;
-  void update_on_device(const cuda::ParameterBuffers& buffers, std::int64_t t) const override;
+  void update(UpdateTarget& target, std::int64_t t) const override;
 
   SGDOptions options_;
 };

@@ -1,5 +1,5 @@
 // Misuse: backward takes a Var, not an unevaluated expression (evaluate it first: backward(eval(a * b))).
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

@@ -1,5 +1,5 @@
 // Misuse: a custom op's backward must return each input's gradient in that input's own dtype.
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

@@ -1,5 +1,5 @@
 // Misuse: a float expression must not turn into a Var<double> (no silent conversion of dtype).
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

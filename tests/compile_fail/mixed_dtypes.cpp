@@ -1,5 +1,5 @@
 // Misuse: mixing dtypes in one elementwise expression must not compile (cast one operand first).
-#include "tapegrad.hpp"
+#include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
 

@@ -1,0 +1,35 @@
+// The process-wide choices of the GPU kernels that users may set: TF32 for f32 products, GEMM autotuning, and
+// which kernel runs an elementwise program. Each takes effect for the work queued after it.
+#pragma once
+
+#include <cstdint>
+
+namespace tapegrad::cuda {
+
+// Whether f32 products may use TF32 tensor cores (process-wide; off by default). Like PyTorch's
+// torch.backends.cuda.matmul.allow_tf32: typically several times faster, with relative errors near 1e-3 instead of
+// 1e-6. Products already running are not affected.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// Whether a problem's algorithm is chosen by timing (process-wide; off by default). On: the first call of each problem
+// times cuBLASLt's first 8 candidates (three rounds of 3 runs each, on the problem's own inputs, into scratch; before
+// each run a read of scratch twice the L2's size, so that the run finds its operands in memory, as in a training step)
+// and keeps the fastest, as XLA's autotuner or cuDNN's benchmark mode do. That first call waits for the timings; every
+// later call of the problem runs the kept algorithm and gives the same bits, but two processes may keep different
+// algorithms (timings vary), so results can differ between processes in the last bits. Off: cuBLASLt's heuristic first
+// choice, the same in every process. A problem first seen while its stream is being captured into a CUDA graph gets the
+// heuristic choice either way.
+void set_gemm_autotune(bool enable);
+bool gemm_autotune();
+
+// Which kernel runs an elementwise program (cuda/elementwise.hpp): one made for it (cuda/element_jit.hpp: compiled by NVRTC once per program shape, then
+// kept; straight-line code, near the card's bandwidth) or the one kernel that interprets every program (no
+// compilation, but about half the bandwidth in bf16/f16). Both give the same bits. By default a run of at least
+// element_compilation_threshold elements gets a made kernel, smaller ones (launch-bound anyway) are interpreted.
+enum class ElementCompilation { large_runs, always, never };
+inline constexpr std::int64_t element_compilation_threshold = std::int64_t{1} << 16;
+void set_element_compilation(ElementCompilation mode);
+ElementCompilation element_compilation();
+
+}  // namespace tapegrad::cuda

@@ -1,0 +1,22 @@
+#include "tapegrad/tensor/core/op_scope.hpp"
+
+#include "tapegrad/tensor/core/error.hpp"
+
+namespace tapegrad {
+
+namespace {
+thread_local std::string_view innermost_op;
+}  // namespace
+
+OpScope::OpScope(std::string_view op) noexcept : previous_(innermost_op) { innermost_op = op; }
+OpScope::~OpScope() { innermost_op = previous_; }
+
+std::string_view current_op(std::string_view outside) { return innermost_op.empty() ? outside : innermost_op; }
+
+namespace detail {
+void throw_too_long(std::string_view op, const std::length_error& error) {
+  throw Error(concat(op, ": a buffer would exceed its largest possible size (", error.what(), ")"));
+}
+}  // namespace detail
+
+}  // namespace tapegrad
