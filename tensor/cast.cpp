@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/cast.hpp"
 #include "tapegrad/tensor/tensor.hpp"
@@ -14,11 +15,13 @@ template <class To, class From> Tensor<To> converted(const Tensor<From>& t) {
         Tensor<To> out(t.shape());
         const From* src = t.data();
         To* dst = out.data();
-        for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = convert<To>(src[i]);
+        parallel_for(t.numel(), 4, [&](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t i = begin; i < end; ++i) dst[i] = convert<To>(src[i]);
+        });
         return out;
       },
       [&](auto gpu) -> Tensor<To> {
-        if constexpr (is_float_dtype_v<To> && is_float_dtype_v<From>) {
+        if constexpr ((is_float_dtype_v<To> || is_fp8_v<To>) && (is_float_dtype_v<From> || is_fp8_v<From>)) {
           Tensor<To> out(t.shape(), gpu);
           cuda::cast(dtype_v<From>, t.data(), dtype_v<To>, out.data(), t.numel(), gpu.index);
           return out;
@@ -34,6 +37,8 @@ template <class To, class From> Tensor<To> converted(const Tensor<From>& t) {
   MACRO(double, FROM)                        \
   MACRO(bf16, FROM)                          \
   MACRO(f16, FROM)                           \
+  MACRO(f8e4m3, FROM)                        \
+  MACRO(f8e5m2, FROM)                        \
   MACRO(std::int32_t, FROM)                  \
   MACRO(std::int64_t, FROM)
 #define TAPEGRAD_INSTANTIATE_CONVERTED(TO, FROM) \
@@ -43,6 +48,8 @@ TAPEGRAD_INSTANTIATE_FROM(float)
 TAPEGRAD_INSTANTIATE_FROM(double)
 TAPEGRAD_INSTANTIATE_FROM(bf16)
 TAPEGRAD_INSTANTIATE_FROM(f16)
+TAPEGRAD_INSTANTIATE_FROM(f8e4m3)
+TAPEGRAD_INSTANTIATE_FROM(f8e5m2)
 TAPEGRAD_INSTANTIATE_FROM(std::int32_t)
 TAPEGRAD_INSTANTIATE_FROM(std::int64_t)
 

@@ -1,12 +1,15 @@
 // The dtype conversion kernel. A value widens exactly to f64 (from f64) or f32 (from the others) and rounds once
 // to the target with launch.cuh's conversions, which round to nearest even (f64 to bf16/f16 directly, hence
 // correctly rounded, as the CPU's round-to-odd path is). NaNs are built bit by bit rather than left to the
-// hardware's conversions, whose NaN results need not be the CPU's (which are a mix of x86's and Eigen's rules).
+// hardware's conversions, whose NaN results need not be the CPU's (which are a mix of x86's and Eigen's rules). FP8
+// values go through tensor/core/fp8.hpp's functions, the CPU's own: to fp8 from the exact f64 value, from fp8 by way
+// of the exact f32 value.
 #include "tapegrad/tensor/gpu/cast.hpp"
 
 #include <cstring>
 #include <type_traits>
 
+#include "tapegrad/tensor/core/fp8.hpp"
 #include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
@@ -64,10 +67,33 @@ template <class To, class From> __device__ To nan_like(From v) {
   }
 }
 
+// FP8 bits on the device.
+template <fp8::Format F> struct Fp8Bits {
+  static constexpr fp8::Format format = F;
+  std::uint8_t bits;
+};
+template <class S> inline constexpr bool is_fp8 = false;
+template <fp8::Format F> inline constexpr bool is_fp8<Fp8Bits<F>> = true;
+
 template <class To, class From> __device__ To convert(From v) {
-  if (is_nan(v)) return nan_like<To>(v);
-  using Wide = std::conditional_t<std::is_same_v<From, double>, double, float>;
-  return from_compute<To>(to_compute<Wide>(v));
+  if constexpr (is_fp8<From>) {
+    return convert<To>(fp8::to_float<From::format>(v.bits));
+  } else if constexpr (is_fp8<To>) {
+    return To{fp8::from_double<To::format>(to_compute<double>(v))};
+  } else {
+    if (is_nan(v)) return nan_like<To>(v);
+    using Wide = std::conditional_t<std::is_same_v<From, double>, double, float>;
+    return from_compute<To>(to_compute<Wide>(v));
+  }
+}
+
+// Calls fn(S{}) with S the device storage type of a floating or fp8 dtype.
+template <class Fn> void dispatch_castable(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f8e4m3: return fn(Fp8Bits<fp8::Format::e4m3>{});
+    case DType::f8e5m2: return fn(Fp8Bits<fp8::Format::e5m2>{});
+    default: return dispatch_float(dtype, "cast", fn);
+  }
 }
 
 template <class To, class From> __global__ void cast_kernel(const From* src, To* dst, std::int64_t n) {
@@ -87,8 +113,8 @@ void cast(DType from, const void* src, DType to, void* dst, std::int64_t n, int 
                                         cudaMemcpyDeviceToDevice, launch.stream()));
     return;
   }
-  dispatch_float(from, "cast", [&](auto from_tag) {
-    dispatch_float(to, "cast", [&](auto to_tag) {
+  dispatch_castable(from, [&](auto from_tag) {
+    dispatch_castable(to, [&](auto to_tag) {
       using From = decltype(from_tag);
       using To = decltype(to_tag);
       constexpr int threads = 256;

@@ -1,0 +1,73 @@
+// The two 8-bit float formats of FP8 training, as stored bits, and the conversions to and from them: written once for
+// the host and the GPU kernels (TAPEGRAD_HOST_DEVICE), so that a cast gives the same bits on every device.
+//
+//   e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; largest finite 448, smallest subnormal 2^-9; no infinity;
+//         S.1111.111 is NaN.
+//   e5m2: sign, 5 exponent bits (bias 15), 2 mantissa bits; largest finite 57344, smallest subnormal 2^-16; IEEE
+//         infinities (S.11111.00) and NaNs.
+//
+// To fp8: round to nearest even and saturate, as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...): a value that
+// rounds past the largest finite one, and ±∞, give ±448 (±57344); ±0 keep their sign; every NaN gives the NaN 0x7F.
+// The input is a double: every f32, bf16 and f16 value converts to it exactly, so each rounds once, correctly.
+// From fp8: exact (every fp8 value is a float, a bf16 and an f16); a NaN gives a quiet NaN of its sign.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "tapegrad/tensor/core/host_device.hpp"
+
+namespace tapegrad::fp8 {
+
+enum class Format : std::uint8_t { e4m3, e5m2 };
+
+template <Format F> struct Spec;
+template <> struct Spec<Format::e4m3> {
+  static constexpr int mantissa_bits = 3, bias = 7, max_exponent = 8;
+  static constexpr std::uint8_t max_code = 0x7E;  // 448 = 1.75 · 2^8
+};
+template <> struct Spec<Format::e5m2> {
+  static constexpr int mantissa_bits = 2, bias = 15, max_exponent = 15;
+  static constexpr std::uint8_t max_code = 0x7B;  // 57344 = 1.75 · 2^15
+};
+
+inline constexpr std::uint8_t nan_code = 0x7F;  // what every NaN converts to, in both formats
+
+// The fp8 bits of `x`, rounded to nearest even, saturated.
+template <Format F> TAPEGRAD_HOST_DEVICE inline std::uint8_t from_double(double x) {
+  using S = Spec<F>;
+  constexpr int m = S::mantissa_bits;
+  constexpr int min_exponent = 1 - S::bias;  // of the normal numbers
+  if (x != x) return nan_code;
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double magnitude = std::fabs(x);
+  if (magnitude == 0) return sign;
+  if (!(magnitude < std::ldexp(1.0, S::max_exponent + 1))) return sign | S::max_code;  // ±∞, and all that saturates
+  // Count the value in units of its fp8 spacing (an exact scaling by a power of two), round that to an integer.
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude = f · 2^exponent, f in [0.5, 1)
+  const int scale = (exponent - 1 < min_exponent ? min_exponent : exponent - 1) - m;
+  const double units = std::rint(std::ldexp(magnitude, -scale));  // the default rounding: to nearest even
+  // Below the normal range the count is the code itself (2^m being the smallest normal); above, the count lies in
+  // [2^m, 2^(m+1)] and the exponent field is added (a count of 2^(m+1) carries into the next exponent).
+  const int code = scale == min_exponent - m ? static_cast<int>(units)
+                                             : ((scale + m + S::bias) << m) + static_cast<int>(units) - (1 << m);
+  return sign | static_cast<std::uint8_t>(code > S::max_code ? S::max_code : code);
+}
+
+// The value of fp8 bits `bits`, exactly.
+template <Format F> TAPEGRAD_HOST_DEVICE inline float to_float(std::uint8_t bits) {
+  using S = Spec<F>;
+  constexpr int m = S::mantissa_bits;
+  const int exponent_field = (bits & 0x7F) >> m, mantissa = bits & ((1 << m) - 1);
+  const float sign = bits & 0x80 ? -1.0f : 1.0f;
+  if constexpr (F == Format::e4m3) {
+    if ((bits & 0x7F) == 0x7F) return std::copysign(NAN, sign);
+  } else {
+    if (exponent_field == 31) return mantissa == 0 ? sign * INFINITY : std::copysign(NAN, sign);
+  }
+  if (exponent_field == 0) return sign * std::ldexp(static_cast<float>(mantissa), 1 - S::bias - m);
+  return sign * std::ldexp(static_cast<float>((1 << m) + mantissa), exponent_field - S::bias - m);
+}
+
+}  // namespace tapegrad::fp8
