@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The layering rule: every include between tapegrad's folders goes one way. Exits 1 naming each wrong-way include.
+"""The layering rule: every include between tapegrad's folders goes one way; and every header that the public headers
+reach is installed. Exits 1 naming each wrong-way include and each header missing from the install.
 
 usage: check_includes.py [source root]
        check_includes.py --planted   (shows that the check fails: on a copy of the tree with wrong-way includes planted)
@@ -29,6 +30,7 @@ PUBLIC = {'tapegrad.hpp', 'gpu.hpp'}      # the API: may include anything
 GENERATED = {'config.hpp', 'version.hpp'}  # made by meson.build; part of the bottom layer
 SOURCES = ('.hpp', '.cpp', '.cu', '.cuh')
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+INSTALL = re.compile(r"install_headers\(([^)]*)\)")
 
 
 def layer_of(path):
@@ -77,6 +79,33 @@ def check(root):
     return problems
 
 
+def installed(root):
+    """The headers that meson.build files install, as paths relative to the root."""
+    names = set()
+    for build in root.rglob('meson.build'):
+        if build.relative_to(root).as_posix().startswith(('build', '.', 'tests', 'subprojects')):
+            continue
+        for match in INSTALL.finditer(build.read_text(encoding='utf-8')):
+            listed, _, subdir = match.group(1).partition('subdir:')
+            folder = subdir.strip().strip("'").removeprefix('tapegrad').strip('/')
+            names.update(str(pathlib.PurePosixPath(folder) / name) for name in re.findall(r"'([^']+)'", listed))
+    return names
+
+
+def missing_from_install(root):
+    """The headers that the public ones include, directly or not, and that no install_headers lists."""
+    reached, todo = set(), sorted(PUBLIC)
+    while todo:
+        header = todo.pop()
+        if header in reached or header in GENERATED or not (root / header).exists():
+            continue
+        reached.add(header)
+        todo += [t[len('tapegrad/'):] for _, t in INCLUDE.findall((root / header).read_text(encoding='utf-8'))
+                 if t.startswith('tapegrad/')]
+    return [f'{h}: reached from the public headers but not installed (install_headers in its meson.build)'
+            for h in sorted(reached - installed(root))]
+
+
 # Includes that break the rule, each planted in a file of a lower layer (or an example) of a copy of the tree.
 PLANTED = {
     'tensor/tensor.hpp': '#include "tapegrad/autodiff/var.hpp"',
@@ -112,7 +141,11 @@ if __name__ == '__main__':
         sys.exit(0 if planted(here) else 1)
     root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else here
     problems = check(root)
-    for p in problems:
+    missing = missing_from_install(root)
+    for p in problems + missing:
         print(p)
-    print(f'check_includes: {len(problems)} wrong-way include(s)' if problems else 'check_includes: every include goes one way')
-    sys.exit(1 if problems else 0)
+    print(f'check_includes: {len(problems)} wrong-way include(s)' if problems else
+          'check_includes: every include goes one way')
+    print(f'check_includes: {len(missing)} public header(s) not installed' if missing else
+          'check_includes: every header the public headers reach is installed')
+    sys.exit(1 if problems or missing else 0)

@@ -20,6 +20,10 @@
 // biases rounded to T (the parameters themselves when P = T), and by policy h and z. a is never saved: the
 // backward's pass over z produces it next to ∂a/∂z at the cost of one activation evaluation. Recomputed h and z
 // come from the same functions with the same statistics, so every policy gives bitwise identical gradients.
+//
+// With fp8 quantization (ops/layernorm_mlp_fp8.hpp) every product multiplies quantized values, read back in C: the
+// context keeps the quantized W1 and W2 (instead of their T copies) and the step's scales, and the products round
+// their C results to T as above.
 #include "tapegrad/ops/layernorm_mlp.hpp"
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include "tapegrad/ops/activation_table.hpp"
 #include "tapegrad/ops/gemm.hpp"
 #include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layernorm_mlp_fp8.hpp"
 #include "tapegrad/ops/layernorm_mlp_gpu.hpp"
 #include "tapegrad/ops/mlp_activation.hpp"
 #include "tapegrad/ops/norm_rows.hpp"
@@ -50,23 +55,49 @@ template <class T> struct MlpContext {
   LayerNormMLPOptions options;
   MlpDims dims{};
   detail::NormRows<T> norm;
-  Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent
+  Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent; with fp8 no w1, w2
   Tensor<T> h, z;            // [M, H] and [M, nF], kept by policy
+  std::optional<detail::MlpFp8<T>> fp8;
+  Tensor<C> w1q, w2q;  // with fp8: W1 [H, nF] and W2 [F, H] quantized, as the products read them
   // All of the above, for x on a GPU. Mutable: the GPU backward releases the saved h and z as soon as it is done
   // with them (a second backward under retain_graph recomputes them, bitwise the same).
   mutable detail::DeviceMlp<T> device;
 };
 
-// z = h · W1 + b1, rounded to T once.
-template <class T> Tensor<T> first_product(const MlpContext<T>& c, const Tensor<T>& h) {
-  const auto [M, H, F, n] = c.dims;
-  Tensor<T> z(Shape{M, n * F});
-  if (c.b1.defined()) {
-    for (std::int64_t r = 0; r < M; ++r) std::copy_n(c.b1.data(), n * F, z.data() + r * n * F);
+// What a product adds to op(A) · op(B): nothing, a row [N] to every row (a bias), or a whole [M, N] matrix.
+template <class T> struct Addend {
+  const T* row = nullptr;
+  const T* matrix = nullptr;
+};
+
+// out [M, N] = op(A) · op(B) + the addend, accumulated in C and rounded to T once: row-major A [M, K] (or [K, M]
+// transposed), B [K, N] (or [N, K]). X is T, or C for fp8's quantized operands.
+template <class T, class X>
+Tensor<T> product(Transpose ta, Transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, const Tensor<X>& a,
+                  const Tensor<X>& b, Addend<T> add = {}) {
+  Tensor<X> out(Shape{M, N});
+  if (add.row || add.matrix) {
+    for (std::int64_t r = 0; r < M; ++r) {
+      const T* from = add.row ? add.row : add.matrix + r * N;
+      for (std::int64_t j = 0; j < N; ++j) out.data()[r * N + j] = convert<X>(from[j]);
+    }
   }
-  gemm<T>(Transpose::no, Transpose::no, M, n * F, H, 1, h.data(), H, c.w1.data(), n * F, c.b1.defined() ? 1 : 0,
-          z.data(), n * F);
-  return z;
+  gemm<X>(ta, tb, M, N, K, 1, a.data(), ta == Transpose::no ? K : M, b.data(), tb == Transpose::no ? N : K,
+          add.row || add.matrix ? 1 : 0, out.data(), N);
+  return cast<T>(out);
+}
+
+// A bias as an addend (none when undefined).
+template <class T> Addend<T> bias_rows(const Tensor<T>& bias) { return {bias.defined() ? bias.data() : nullptr}; }
+
+// z = h · W1 + b1, rounded to T once; `first`: the forward's (fp8: h's amax counts then).
+template <class T> Tensor<T> first_product(const MlpContext<T>& c, const Tensor<T>& h, bool first) {
+  const auto [M, H, F, n] = c.dims;
+  if (c.fp8) {
+    const auto hq = c.fp8->input(fp8::Role::input, h, M, H, detail::Inner::along_columns, first);
+    return product(Transpose::no, Transpose::no, M, n * F, H, hq, c.w1q, bias_rows(c.b1));
+  }
+  return product(Transpose::no, Transpose::no, M, n * F, H, h, c.w1, bias_rows(c.b1));
 }
 
 // The norm output h [M, H], recomputed bitwise when the policy did not keep it.
@@ -175,13 +206,13 @@ template <class T> MlpForward<T> mlp_forward(MlpContext<T>& c) {
   const auto [M, H, F, n] = c.dims;
   Tensor<T> h(Shape{M, H});
   c.norm.forward(c.options.epsilon, h.data());
-  Tensor<T> z = first_product(c, h);
+  Tensor<T> z = first_product(c, h, true);
   const Tensor<T> a = activation_forward(c, z);
-  Tensor<T> y(Shape{M, H});
-  if (c.b2.defined()) {
-    for (std::int64_t r = 0; r < M; ++r) std::copy_n(c.b2.data(), H, y.data() + r * H);
-  }
-  gemm<T>(Transpose::no, Transpose::no, M, H, F, 1, a.data(), F, c.w2.data(), H, c.b2.defined() ? 1 : 0, y.data(), H);
+  const Tensor<T> y =
+      c.fp8 ? product(Transpose::no, Transpose::no, M, H, F,
+                      c.fp8->input(fp8::Role::activation, a, M, F, detail::Inner::along_columns, true), c.w2q,
+                      bias_rows(c.b2))
+            : product(Transpose::no, Transpose::no, M, H, F, a, c.w2, bias_rows(c.b2));
   if (c.options.recompute == Recompute::save_all) c.h = h;
   if (c.options.recompute != Recompute::recompute_all) c.z = z;
   return {y, h};
@@ -205,23 +236,41 @@ MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tens
   if (!need_dz && !need.w2) return g;
 
   const Tensor<T> h = norm_output(c);
-  const Tensor<T> z = c.z.defined() ? c.z : first_product(c, h);
+  const Tensor<T> z = c.z.defined() ? c.z : first_product(c, h, false);
+  // fp8: each gradient quantized once as the dgrad product reads it (its amax counts then), and the inputs of the
+  // weight gradients as those read them, summing over the rows.
+  using Inner = detail::Inner;
+  const auto dyq = [&](Inner inner, bool first) {
+    return c.fp8->input(fp8::Role::grad_output, dy, M, H, inner, first);
+  };
   Tensor<T> a(Shape{M, F}), dz;
   if (need_dz) {
-    Tensor<T> da(Shape{M, F});
-    gemm<T>(Transpose::no, Transpose::yes, M, F, H, 1, dy.data(), H, c.w2.data(), H, 0, da.data(), F);
+    const Tensor<T> da = c.fp8 ? product<T>(Transpose::no, Transpose::yes, M, F, H, dyq(Inner::along_columns, true),
+                                            c.w2q)
+                               : product<T>(Transpose::no, Transpose::yes, M, F, H, dy, c.w2);
     dz = Tensor<T>(Shape{M, n * F});
     g.db1 = activation_backward(c, z, da, a, dz, need.b1);
   } else {
     a = activation_forward(c, z);
   }
-  if (need.w2) g.dw2 = weight_gradient(a, dy, M, F, H);
-  if (need.w1) g.dw1 = weight_gradient(h, dz, M, H, n * F);
+  if (need.w2) {
+    g.dw2 = c.fp8 ? weight_gradient(c.fp8->input(fp8::Role::activation, a, M, F, Inner::along_rows, false),
+                                    dyq(Inner::along_rows, !need_dz), M, F, H)
+                  : weight_gradient(a, dy, M, F, H);
+  }
+  if (need.w1) {
+    g.dw1 = c.fp8 ? weight_gradient(c.fp8->input(fp8::Role::input, h, M, H, Inner::along_rows, false),
+                                    c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_rows, !need_dh),
+                                    M, H, n * F)
+                  : weight_gradient(h, dz, M, H, n * F);
+  }
   if (need_dh) {
-    Tensor<T> dh(Shape{M, H});
-    if (dh_out) std::copy_n(dh_out->data(), M * H, dh.data());
-    gemm<T>(Transpose::no, Transpose::yes, M, H, n * F, 1, dz.data(), n * F, c.w1.data(), n * F, dh_out ? 1 : 0,
-            dh.data(), H);
+    const Addend<T> returned_h{.matrix = dh_out ? dh_out->data() : nullptr};  // the gradient of the returned h
+    const Tensor<T> dh =
+        c.fp8 ? product(Transpose::no, Transpose::yes, M, H, n * F,
+                        c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_columns, true), c.w1q,
+                        returned_h)
+              : product(Transpose::no, Transpose::yes, M, H, n * F, dz, c.w1, returned_h);
     auto norm_grads = detail::norm_backward(c.norm, dh, need.x, need.gamma, need.beta);
     g.dx = norm_grads.dx;
     g.dgamma_dbeta = std::move(norm_grads.dgamma_dbeta);
@@ -258,8 +307,14 @@ auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& option
           c.dims = dims;
           c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
                                        options.zero_centered_gamma);
-          c.w1 = cast<T>(w1v);
-          c.w2 = cast<T>(w2v);
+          if (options.fp8) {
+            c.fp8.emplace(*options.fp8);  // (delayed scaling: ends the state's previous step first)
+            c.w1q = c.fp8->weight(fp8::Role::kernel1, w1v, dims.hidden, dims.width * dims.ffn);
+            c.w2q = c.fp8->weight(fp8::Role::kernel2, w2v, dims.ffn, dims.hidden);
+          } else {
+            c.w1 = cast<T>(w1v);
+            c.w2 = cast<T>(w2v);
+          }
           if (has_b1) c.b1 = cast<T>(b1v);
           if (has_b2) c.b2 = cast<T>(b2v);
           const MlpForward<T> out = mlp_forward(c);

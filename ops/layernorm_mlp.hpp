@@ -11,9 +11,13 @@
 // directly, accumulating in f32 (f64 for T = f64). The algorithm and what is saved: ops/layernorm_mlp.cpp.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string_view>
+#include <variant>
 
 #include "tapegrad/autodiff/var.hpp"
+#include "tapegrad/ops/fp8.hpp"
 
 namespace tapegrad {
 
@@ -54,6 +58,25 @@ struct ClampedSwigluParams {
   double alpha = 1.702;  // the sigmoid's slope
 };
 
+// FP8 quantization of the node's GEMM inputs (ops/fp8.hpp): each product multiplies fp8 values (h and W1, a and W2
+// forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64), its result
+// rounded to T once as without quantization. On the CPU so far.
+struct Fp8Quantization {
+  fp8::Recipe recipe = fp8::DelayedScaling{};
+  // Delayed scaling's state, made with the same recipe; required with it, unused by the others. A forward that
+  // finds amaxes recorded since the state's last update ends that step first (ScalingState::update).
+  std::shared_ptr<fp8::ScalingState> state{};
+};
+
+// The recipe with a fresh state where it needs one (delayed scaling).
+inline Fp8Quantization fp8_quantization(const fp8::Recipe& recipe) {
+  Fp8Quantization q{.recipe = recipe};
+  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&recipe)) {
+    q.state = std::make_shared<fp8::ScalingState>(*delayed);
+  }
+  return q;
+}
+
 struct LayerNormMLPOptions {
   NormType norm = NormType::layernorm;
   bool zero_centered_gamma = false;  // scale by 1 + γ
@@ -62,6 +85,7 @@ struct LayerNormMLPOptions {
   ClampedSwigluParams clamped_swiglu{};
   bool return_layernorm_output = false;  // also return h, as a second differentiable result
   Recompute recompute = Recompute::save_all;
+  std::optional<Fp8Quantization> fp8{};  // none: the products multiply T values
 };
 
 // W1 [H, n, F] and W2 [F, H].

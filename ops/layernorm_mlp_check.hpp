@@ -51,6 +51,7 @@ MlpDims check_mlp_arguments(std::string_view op, const Var<T>& x, const Var<P>& 
     ++input;
   };
   for (const Var<P>* v : {&gamma, &beta, &kernels.w1, &biases.b1, &kernels.w2, &biases.b2}) on_x_device(*v);
+  if (options.fp8) check_on_cpu(concat(op, " with fp8 quantization"), 0, x.device());
   const auto shape_of = [](const Var<P>& v) { return v.defined() ? &v.shape() : nullptr; };
   return check_mlp_arguments(op,
                              {x.shape(), gamma.shape(), shape_of(beta), kernels.w1.shape(), shape_of(biases.b1),

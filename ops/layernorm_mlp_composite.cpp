@@ -46,6 +46,8 @@ LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gam
                                               const LayerNormMLPOptions& options) {
   const detail::MlpDims dims =
       detail::check_mlp_arguments("layernorm_mlp_composite", x, gamma, beta, kernels, biases, options);
+  check(!options.fp8, "layernorm_mlp_composite",
+        "fp8 quantization is the node's alone: the composite of primitive ops multiplies T values");
   const NormOptions norm{.epsilon = options.epsilon, .zero_centered_gamma = options.zero_centered_gamma};
   const Var<T> h = options.norm == NormType::rmsnorm ? rmsnorm(x, gamma, norm)
                    : beta.defined()                   ? layernorm(x, gamma, beta, norm)

@@ -56,6 +56,19 @@ template <class T> void check_close(const Tensor<T>& got, const Tensor<double>& 
   CHECK(worst.ratio <= 1.0);
 }
 
+// ‖got - want‖₂ / ‖want‖₂: the error of a whole tensor, for results (sums of many quantized products) whose single
+// elements may legitimately move far, e.g. where a ReLU's mask flips under quantization.
+template <class T> double relative_error(const Tensor<T>& got, const Tensor<double>& want) {
+  REQUIRE(got.shape() == want.shape());
+  double diff_sq = 0, want_sq = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double diff = convert<double>(got.flat(i)) - want.flat(i);
+    diff_sq += diff * diff;
+    want_sq += want.flat(i) * want.flat(i);
+  }
+  return std::sqrt(diff_sq / want_sq);
+}
+
 template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {
   return a.shape() == b.shape() &&
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;

@@ -3,12 +3,19 @@
 //   scale [H], ln_bias [H] (layernorm with use_bias), wi_kernel [H, n, F], wi_bias [n, F], wo_kernel [F, H],
 //   wo_bias [H], where n = 2 for gated activations and F = intermediate_dim.
 // layernorm_mlp takes the parameters in P as they are (each gradient comes back in P) and rounds the kernels to the
-// compute dtype itself; only x is cast here.
+// compute dtype itself; only x is cast here. With an fp8 recipe the node quantizes its products' inputs (ops/fp8.hpp);
+// the parameters stay in P.
 //
 //   nn::LayerNormMLP<f32, bf16> mlp(128, {.intermediate_dim = 512, .activation = Activation::swiglu}, 0);
 //   Var<bf16> y = mlp(x);  // x [..., 128] -> [..., 128]
 #pragma once
 
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tapegrad/ops/fp8.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/layer_norm.hpp"
 
 namespace tapegrad::nn {
@@ -22,6 +29,7 @@ struct LayerNormMLPConfig {
   Initializer kernel_init = Initializer::lecun_normal();
   Initializer bias_init = Initializer::zeros();
   Recompute recompute = Recompute::save_all;
+  std::optional<fp8::Recipe> fp8{};  // none: unquantized products; the module owns delayed scaling's state
 };
 
 template <class P, class C = void>
@@ -30,6 +38,7 @@ class LayerNormMLP : public Module {
  public:
   LayerNormMLP(std::int64_t hidden, LayerNormMLPConfig config, std::uint64_t seed, Device device = Device::cpu())
       : Module("LayerNormMLP", device), config_(std::move(config)), norm_(*this, hidden, config_.norm, seed) {
+    if (config_.fp8) fp8_ = fp8_quantization(*config_.fp8);
     const std::int64_t n = activation_width(config_.activation), F = config_.intermediate_dim;
     check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
     // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.
@@ -55,6 +64,16 @@ class LayerNormMLP : public Module {
   const Var<P>& wi_bias() const { return wi_bias_; }
   const Var<P>& wo_kernel() const { return wo_kernel_; }
   const Var<P>& wo_bias() const { return wo_bias_; }
+  // Delayed scaling's amax histories and scales, which every call of the module advances (null for other recipes
+  // and without fp8).
+  const fp8::ScalingState* fp8_state() const { return fp8_ ? fp8_->state.get() : nullptr; }
+
+  std::vector<std::string> summary_notes() const override {
+    if (!fp8_) return {};
+    std::vector<std::string> notes{fp8::describe(fp8_->recipe)};
+    if (fp8_->state) notes.push_back("fp8 steps done: " + std::to_string(fp8_->state->steps()));
+    return notes;
+  }
 
  private:
   template <class T>
@@ -66,13 +85,15 @@ class LayerNormMLP : public Module {
                                       .activation = config_.activation,
                                       .clamped_swiglu = config_.clamped_swiglu,
                                       .return_layernorm_output = return_layernorm_output,
-                                      .recompute = config_.recompute};
+                                      .recompute = config_.recompute,
+                                      .fp8 = fp8_};
     auto [y, h] = layernorm_mlp(cast<compute_of<C, T>>(x), norm_.scale, norm_.ln_bias,
                                 MLPKernels<P>{wi_kernel_, wo_kernel_}, MLPBiases<P>{wi_bias_, wo_bias_}, options);
     return {y, h};
   }
 
   LayerNormMLPConfig config_;
+  std::optional<Fp8Quantization> fp8_;
   detail::NormParameters<P> norm_;
   Var<P> wi_kernel_, wi_bias_, wo_kernel_, wo_bias_;
 };

@@ -90,6 +90,10 @@ class Module {
   // Registers `child`, a member of the subclass, as child `name`.
   void add_child(std::string name, Module& child);
 
+  // Lines that summary() shows under the module's type: settings that change what a call computes and that the
+  // inputs and parameters do not show (LayerNormMLP's fp8 recipe and its state's step). None by default.
+  virtual std::vector<std::string> summary_notes() const { return {}; }
+
  protected:
   // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...). The
   // inputs (Vars) are checked to be defined first, naming the module.

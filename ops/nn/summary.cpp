@@ -109,7 +109,9 @@ std::string format_size(std::int64_t count, std::int64_t bytes) {
 std::string ModelSummary::table() const {
   std::vector<Row> rows{{{"path"}, {"module"}, {"inputs"}, {"outputs"}, {"parameters"}, {"size (with children)"}}};
   for (const SummaryRow& row : this->rows) {
-    rows.push_back({{row.path}, {row.type}, describe_all(row.inputs), describe_all(row.outputs),
+    Cell module{row.type};
+    module.insert(module.end(), row.notes.begin(), row.notes.end());
+    rows.push_back({{row.path}, std::move(module), describe_all(row.inputs), describe_all(row.outputs),
                     describe_parameters(row.own_parameters), {format_size(row.parameter_count, row.parameter_bytes)}});
   }
   rows.push_back({{}, {}, {}, {}, {"Total"}, {format_size(parameter_count, parameter_bytes)}});
@@ -139,6 +141,7 @@ std::size_t SummaryRecorder::begin(const Module& module, TensorInfos inputs) {
   const auto path = paths_.find(&module);
   SummaryRow row{.path = path != paths_.end() ? path->second : "(unregistered)",
                  .type = module.type_name(),
+                 .notes = module.summary_notes(),
                  .inputs = std::move(inputs),
                  .outputs = {},
                  .own_parameters = module.own_parameters()};

@@ -24,6 +24,7 @@ namespace tapegrad::nn {
 struct SummaryRow {
   std::string path;  // dotted, as parameters() names it; the root's is its type name
   std::string type;
+  std::vector<std::string> notes;  // the module's summary_notes() when the call began
   TensorInfos inputs, outputs;
   ParameterList own_parameters;
   std::int64_t parameter_count = 0, parameter_bytes = 0;  // the module with its children

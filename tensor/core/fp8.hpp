@@ -33,6 +33,37 @@ template <> struct Spec<Format::e5m2> {
 
 inline constexpr std::uint8_t nan_code = 0x7F;  // what every NaN converts to, in both formats
 
+// The largest finite value of the format: 448 or 57344.
+template <Format F> TAPEGRAD_HOST_DEVICE constexpr float max_value() {
+  return F == Format::e4m3 ? 448.0f : 57344.0f;
+}
+TAPEGRAD_HOST_DEVICE constexpr float max_value(Format f) {
+  return f == Format::e4m3 ? max_value<Format::e4m3>() : max_value<Format::e5m2>();
+}
+
+// Scales: a tensor x is stored as fp8(x · scale) and read back as fp8 · (1 / scale). Each maps the amax (max |x|)
+// the scaling looks at onto the format's largest value, in f32, as TransformerEngine computes them.
+
+// Delayed scaling: max / amax / 2^margin; an amax of 0 keeps the previous scale, and a scale past f32's range is
+// f32's largest (the caller refuses a non-finite amax).
+TAPEGRAD_HOST_DEVICE inline float delayed_scale(float amax, float previous, float max, float margin) {
+  constexpr float f32_max = 3.40282346638528859812e+38f;
+  if (!(amax > 0.0f)) return previous;
+  const float scale = max / amax / std::exp2(margin);
+  return scale <= f32_max ? scale : f32_max;
+}
+
+// Current scaling: max / amax of the tensor itself; 1 for a tensor of zeros.
+TAPEGRAD_HOST_DEVICE inline float current_scale(float amax, float max) { return delayed_scale(amax, 1.0f, max, 0.0f); }
+
+// Block scaling: the largest power of two not above max / amax (dequantization is then exact); 1 for zeros.
+TAPEGRAD_HOST_DEVICE inline float block_scale(float amax, float max) {
+  const float scale = current_scale(amax, max);
+  int exponent = 0;
+  std::frexp(scale, &exponent);  // scale = f · 2^exponent, f in [0.5, 1)
+  return std::ldexp(1.0f, exponent - 1);
+}
+
 // The fp8 bits of `x`, rounded to nearest even, saturated.
 template <Format F> TAPEGRAD_HOST_DEVICE inline std::uint8_t from_double(double x) {
   using S = Spec<F>;

@@ -1,0 +1,96 @@
+// FP8 quantization of layernorm_mlp's GEMM inputs: TransformerEngine's recipes (transformer_engine.common.recipe),
+// the roles of the tensors they quantize, and delayed scaling's state.
+//
+// A quantized tensor x is stored as fp8(x · scale) (tensor/core/fp8.hpp: round to nearest even, saturating) and
+// read back as fp8 · (1 / scale); every GEMM multiplies such values and accumulates in f32.
+//   DelayedScaling: each role keeps a history of its amax (max |x|) over the last steps; a step quantizes with the
+//     scale made from the history before it, max / amax / 2^margin (amax the history's max, or its newest entry with
+//     most_recent), and records its own amax, which enters the history when the step ends (ScalingState::update).
+//   CurrentScaling: each tensor's scale comes from its own amax, in the same step.
+//   BlockScaling (DeepSeek-V3's): e4m3 everywhere; a scale per 1×128 tile of activations and gradients along the
+//     GEMM's inner dimension and per 128×128 block of the weights, each the largest power of two not above
+//     max / amax of its tile.
+// Formats: hybrid quantizes the forward's inputs (h, W1, a, W2) to e4m3 and the gradients (dy, dz) to e5m2; e4m3
+// quantizes all of them to e4m3.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "tapegrad/tensor/core/fp8.hpp"
+
+namespace tapegrad::fp8 {
+
+enum class Formats : std::uint8_t { hybrid, e4m3 };
+enum class AmaxCompute : std::uint8_t { max, most_recent };
+
+struct DelayedScaling {
+  double margin = 0;  // scales aim at 2^-margin × the format's largest value; finite and >= 0
+  Formats format = Formats::hybrid;
+  int amax_history_len = 1024;  // >= 1
+  AmaxCompute amax_compute = AmaxCompute::max;
+  friend bool operator==(const DelayedScaling&, const DelayedScaling&) = default;
+};
+struct CurrentScaling {
+  Formats format = Formats::hybrid;
+};
+struct BlockScaling {};
+
+using Recipe = std::variant<DelayedScaling, CurrentScaling, BlockScaling>;
+
+// The tensors layernorm_mlp quantizes, as TransformerEngine's quantizer sets name them: GEMM1's input h and kernel
+// W1, GEMM2's input a and kernel W2, and the gradients dy (of y) and dz (of GEMM1's output).
+enum class Role : std::uint8_t { input, kernel1, activation, kernel2, grad_output, grad_hidden };
+inline constexpr int role_count = 6;
+inline constexpr std::array<Role, role_count> roles{Role::input,   Role::kernel1,     Role::activation,
+                                                    Role::kernel2, Role::grad_output, Role::grad_hidden};
+
+// The recipe with its settings, as a module's summary shows it: "fp8 delayed scaling (hybrid, margin 0, history
+// 1024, max)", "fp8 current scaling (e4m3)", "fp8 block scaling (1x128, 128x128)".
+std::string describe(const Recipe& recipe);
+
+std::string_view role_name(Role role);  // "h", "w1", "a", "w2", "dy", "dz"
+bool is_gradient(Role role);
+// The format `formats` gives a role.
+Format format_of(Formats formats, Role role);
+
+// Delayed scaling's state for one node (a module owns one; a caller of layernorm_mlp passes its own): per role, the
+// amax history and the scale the next quantization uses, and the count of completed steps. Every value is
+// computed in a fixed order (a maximum is order-free), so the same steps give the same bits. Scales start at 1.
+class ScalingState {
+ public:
+  // Throws naming the field when the recipe's margin or history length is out of range.
+  explicit ScalingState(const DelayedScaling& recipe = {});
+
+  const DelayedScaling& recipe() const { return recipe_; }
+  std::int64_t steps() const { return steps_; }
+  float scale(Role role) const { return scales_[index(role)]; }
+  // Role's amax history, newest first: entry 0 is the step in progress (0 until something is recorded).
+  std::span<const float> amax_history(Role role) const;
+  // Whether the step in progress has recorded anything.
+  bool pending() const { return pending_; }
+
+  // Records one quantized tensor's amax for the step in progress (the maximum with what the step has recorded).
+  void record(Role role, float amax);
+  // Ends the step: each role's scale is made from its history (the step's amax included), then the history rolls
+  // by one and the new entry 0 is zero; steps() counts it. A step with a NaN or infinite amax is refused: it throws
+  // naming the role and the step, and the step's amaxes are dropped (histories and scales stay as they were).
+  void update();
+
+ private:
+  static std::size_t index(Role role) { return static_cast<std::size_t>(role); }
+  float& history(Role role, int slot);
+
+  DelayedScaling recipe_;
+  std::vector<float> histories_;  // [role_count, amax_history_len]
+  std::array<float, role_count> scales_{};
+  std::int64_t steps_ = 0;
+  bool pending_ = false;
+};
+
+}  // namespace tapegrad::fp8

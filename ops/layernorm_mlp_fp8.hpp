@@ -1,0 +1,87 @@
+// layernorm_mlp's FP8 quantization on the CPU: which tensor is quantized with which scale, for the node's products
+// (ops/layernorm_mlp.cpp). Internal to ops/.
+//
+// The forward starts a step: delayed scaling first ends the state's previous one (its amaxes enter the histories, new
+// scales are made), then the node keeps every role's scale for this step, so that its backward (once or again with
+// retain_graph) and every recompute policy quantize with the same scales. Each tensor's amax is recorded once, by
+// the pass that first quantizes it (forward: h, W1, a, W2; backward: dy, dz).
+//
+// A GEMM input is read with its inner (summed) dimension along its rows or its columns. One scale per tensor reads
+// the same either way; block scaling's 1×128 tiles follow the inner dimension, so h, a, dy and dz are quantized
+// twice, once for the product that sums over their columns and once for the weight gradient that sums over their
+// rows. The weights' 128×128 blocks read the same either way.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <variant>
+
+#include "tapegrad/ops/fp8_quantize.hpp"
+#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+
+namespace tapegrad::detail {
+
+// Which way a GEMM reads an input: its inner dimension along the input's columns or along its rows.
+enum class Inner : bool { along_columns, along_rows };
+
+template <class T> class MlpFp8 {
+ public:
+  using C = compute_t<T>;
+
+  explicit MlpFp8(const Fp8Quantization& q) : q_(q) {
+    if (auto* state = q_.state.get(); state && state->pending()) state->update();
+    for (fp8::Role role : fp8::roles) scales_[index(role)] = q_.state ? q_.state->scale(role) : 1.0f;
+  }
+
+  // Whether an input's quantization depends on the way it is read.
+  bool tiled() const { return std::holds_alternative<fp8::BlockScaling>(q_.recipe); }
+
+  // Weight `role` ([rows, cols], in P) as the products read it.
+  template <class P> Tensor<C> weight(fp8::Role role, const Tensor<P>& w, std::int64_t rows, std::int64_t cols) const {
+    if (!tiled()) return per_tensor(role, w, true);
+    require_finite(role, amax_of(w));
+    return block_quantized<C>(w, rows, cols, 128, 128);
+  }
+
+  // Input `role` ([rows, cols], in T) as a product reads it; `first`: the pass's first quantization of this tensor,
+  // whose amax delayed scaling records.
+  Tensor<C> input(fp8::Role role, const Tensor<T>& x, std::int64_t rows, std::int64_t cols, Inner inner,
+                  bool first) const {
+    if (!tiled()) return per_tensor(role, x, first);
+    require_finite(role, amax_of(x));
+    return inner == Inner::along_columns ? block_quantized<C>(x, rows, cols, 1, 128)
+                                         : block_quantized<C>(x, rows, cols, 128, 1);
+  }
+
+ private:
+  static std::size_t index(fp8::Role role) { return static_cast<std::size_t>(role); }
+
+  fp8::Formats formats() const {
+    if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&q_.recipe)) return delayed->format;
+    if (const auto* current = std::get_if<fp8::CurrentScaling>(&q_.recipe)) return current->format;
+    return fp8::Formats::e4m3;
+  }
+
+  // Current and block scaling quantize with the tensor's own amax: an infinity or a NaN leaves no scale to use.
+  static void require_finite(fp8::Role role, float amax) {
+    check(std::isfinite(amax), "layernorm_mlp", "fp8: ", fp8::role_name(role),
+          " holds an infinity or a NaN (its amax is ", amax, "), which no scale can quantize");
+  }
+
+  template <class X> Tensor<C> per_tensor(fp8::Role role, const Tensor<X>& x, bool first) const {
+    const fp8::Format format = fp8::format_of(formats(), role);
+    const float amax = amax_of(x);
+    if (q_.state) {  // delayed scaling: the step's scale; the amax goes to the state, which refuses a bad one
+      if (first) q_.state->record(role, amax);
+      return quantized<C>(x, format, scales_[index(role)]);
+    }
+    require_finite(role, amax);
+    return quantized<C>(x, format, fp8::current_scale(amax, fp8::max_value(format)));
+  }
+
+  Fp8Quantization q_;
+  std::array<float, fp8::role_count> scales_{};
+};
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,125 @@
+// FP8 recipes' arithmetic against hand-computed cases: the scales of delayed, current and block scaling (margin,
+// zero amax, tiny amax), delayed scaling's history (roll-over, max against most_recent, steps), a non-finite amax
+// refused with the step dropped, and the formats each role takes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tapegrad/tapegrad.hpp"
+
+using namespace tapegrad;
+using namespace tapegrad::fp8;
+
+TEST_CASE("scales map the amax onto the format's largest value") {
+  CHECK(max_value<Format::e4m3>() == 448.0f);
+  CHECK(max_value<Format::e5m2>() == 57344.0f);
+  CHECK(delayed_scale(2.0f, 1.0f, 448.0f, 0.0f) == 224.0f);
+  CHECK(delayed_scale(2.0f, 1.0f, 448.0f, 1.0f) == 112.0f);   // margin 1: half of it
+  CHECK(delayed_scale(0.0f, 5.0f, 448.0f, 0.0f) == 5.0f);     // zero amax: the previous scale
+  CHECK(delayed_scale(1e-40f, 1.0f, 448.0f, 0.0f) == std::numeric_limits<float>::max());  // past f32: its largest
+  CHECK(current_scale(0.0f, 57344.0f) == 1.0f);
+  CHECK(current_scale(7.0f, 448.0f) == 64.0f);
+  CHECK(block_scale(7.0f, 448.0f) == 64.0f);   // 448 / 7 = 64 exactly
+  CHECK(block_scale(5.0f, 448.0f) == 64.0f);   // 89.6: the power of two below
+  CHECK(block_scale(500.0f, 448.0f) == 0.5f);  // 0.896
+  CHECK(block_scale(0.0f, 448.0f) == 1.0f);
+}
+
+TEST_CASE("hybrid quantizes gradients to e5m2 and the rest to e4m3") {
+  for (Role r : roles) {
+    CAPTURE(role_name(r));
+    CHECK(format_of(Formats::e4m3, r) == Format::e4m3);
+    CHECK(format_of(Formats::hybrid, r) == (is_gradient(r) ? Format::e5m2 : Format::e4m3));
+  }
+  CHECK(role_name(Role::grad_hidden) == "dz");
+}
+
+TEST_CASE("delayed scaling rolls each history and makes the next scales from it") {
+  ScalingState state({.margin = 0, .format = Formats::hybrid, .amax_history_len = 3});
+  CHECK(state.scale(Role::input) == 1.0f);
+  CHECK_FALSE(state.pending());
+  // Step 0: h reaches 4, dy 8 (recorded twice, the larger kept), W1 nothing.
+  state.record(Role::input, 4.0f);
+  state.record(Role::grad_output, 2.0f);
+  state.record(Role::grad_output, 8.0f);
+  CHECK(state.pending());
+  CHECK(state.amax_history(Role::grad_output)[0] == 8.0f);
+  state.update();
+  CHECK(state.steps() == 1);
+  CHECK(state.scale(Role::input) == 112.0f);           // 448 / 4
+  CHECK(state.scale(Role::grad_output) == 7168.0f);    // 57344 / 8 (e5m2)
+  CHECK(state.scale(Role::kernel1) == 1.0f);           // nothing seen yet: kept
+  CHECK(std::vector<float>(state.amax_history(Role::input).begin(), state.amax_history(Role::input).end()) ==
+        std::vector<float>{0, 4, 0});
+  // Steps 1 and 2: smaller amaxes; the history's max (4) still rules until it rolls out.
+  state.record(Role::input, 2.0f);
+  state.update();
+  CHECK(state.scale(Role::input) == 112.0f);
+  state.record(Role::input, 1.0f);
+  state.update();
+  CHECK(state.scale(Role::input) == 112.0f);
+  CHECK(std::vector<float>(state.amax_history(Role::input).begin(), state.amax_history(Role::input).end()) ==
+        std::vector<float>{0, 1, 2});
+  // Step 3: the 4 has left the history (length 3): max(1, 2, 0.5) = 2.
+  state.record(Role::input, 0.5f);
+  state.update();
+  CHECK(state.scale(Role::input) == 224.0f);
+  CHECK(state.steps() == 4);
+}
+
+TEST_CASE("most_recent takes the step's own amax; the margin halves per unit") {
+  ScalingState state({.margin = 2, .format = Formats::e4m3, .amax_history_len = 16,
+                      .amax_compute = AmaxCompute::most_recent});
+  state.record(Role::activation, 8.0f);
+  state.update();
+  CHECK(state.scale(Role::activation) == 14.0f);  // 448 / 8 / 4
+  state.record(Role::activation, 1.0f);
+  state.update();
+  CHECK(state.scale(Role::activation) == 112.0f);  // the 8 is still in the history, but only the newest counts
+  state.record(Role::grad_hidden, 16.0f);
+  state.update();
+  CHECK(state.scale(Role::grad_hidden) == 7.0f);  // e4m3 for gradients too: 448 / 16 / 4
+  CHECK(state.scale(Role::activation) == 112.0f);  // a step without an amax for it keeps its scale (amax 0)
+}
+
+TEST_CASE("a tensor of zeros keeps the scale") {
+  ScalingState state;
+  state.record(Role::kernel2, 0.0f);
+  state.update();
+  CHECK(state.scale(Role::kernel2) == 1.0f);
+  CHECK(state.steps() == 1);
+}
+
+TEST_CASE("a NaN or infinite amax is refused naming the role and the step, and drops the step") {
+  for (float bad : {INFINITY, NAN}) {
+    CAPTURE(bad);
+    ScalingState state({.amax_history_len = 4});
+    state.record(Role::input, 3.5f);
+    state.update();
+    state.record(Role::input, 7.0f);
+    state.record(Role::grad_output, bad);
+    state.record(Role::grad_output, 1.0f);  // a later finite amax does not hide it
+    CHECK_THROWS_WITH_AS(state.update(),
+                         doctest::Contains("fp8 delayed scaling: the amax of dy at step 1 is"), Error);
+    CHECK(state.steps() == 1);
+    CHECK_FALSE(state.pending());
+    CHECK(state.scale(Role::input) == 128.0f);  // 448 / 3.5, as before the refused step
+    CHECK(state.amax_history(Role::input)[0] == 0.0f);
+    CHECK(state.amax_history(Role::input)[1] == 3.5f);
+    // The state keeps working.
+    state.record(Role::input, 7.0f);
+    state.update();
+    CHECK(state.scale(Role::input) == 64.0f);
+    CHECK(state.steps() == 2);
+  }
+}
+
+TEST_CASE("a recipe out of range is refused naming the field") {
+  CHECK_THROWS_WITH_AS(ScalingState({.margin = -1}), doctest::Contains("margin must be finite and >= 0, got -1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ScalingState({.margin = NAN}), doctest::Contains("margin must be finite"), Error);
+  CHECK_THROWS_WITH_AS(ScalingState({.amax_history_len = 0}), doctest::Contains("amax_history_len must be >= 1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(ScalingState({.format = Formats(9)}), doctest::Contains("format 9 is not a Formats"), Error);
+}
