@@ -53,6 +53,9 @@ Extent stored_b(const GemmArgs& g) { return g.b.transpose ? Extent{g.N, g.K} : E
 DType output_dtype(const GemmArgs& g) {
   return g.wide_output ? compute_dtype(g.dtype) : g.dtype;
 }
+// The operands' dtypes as stored.
+DType a_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->a : g.dtype; }
+DType b_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->b : g.dtype; }
 
 // The problem in words, formatted only where it is printed: check() and TAPEGRAD_CUBLAS_CHECK print it on failure
 // alone (formatted on every call, it cost a small layernorm_mlp step about a fifth of its host time).
@@ -64,6 +67,7 @@ Described describe(const GemmArgs& g) { return {g}; }
 std::ostream& operator<<(std::ostream& out, const Described& d) {
   const GemmArgs& g = d.g;
   const Extent a = stored_a(g), b = stored_b(g);
+  if (g.fp8) out << dtype_name(g.fp8->a) << " × " << dtype_name(g.fp8->b) << " to ";
   return out << dtype_name(g.dtype) << (output_dtype(g) != g.dtype ? " (f32 output)" : "") << " gemm of op(A) ["
              << g.M << ", " << g.K << "] and op(B) [" << g.K << ", " << g.N << "], batch " << g.batch
              << ": A stored [" << a.rows << ", " << a.cols << "]" << (g.a.transpose ? " (transposed)" : "")
@@ -81,13 +85,36 @@ cudaDataType_t data_type(DType dtype) {
     case DType::f64: return CUDA_R_64F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
+    case DType::f8e4m3: return CUDA_R_8F_E4M3;
+    case DType::f8e5m2: return CUDA_R_8F_E5M2;
     default: check(false, "gemm", "no GPU GEMM for dtype ", dtype_name(dtype));
   }
   return CUDA_R_32F;  // not reached
 }
 
+// An fp8 product's operands as Hopper's FP8 kernels take them (see GemmFp8).
+void validate_fp8(const GemmArgs& g) {
+  const GemmFp8& f = *g.fp8;
+  check(is_fp8(f.a) && is_fp8(f.b) && !(f.a == DType::f8e5m2 && f.b == DType::f8e5m2), "gemm",
+        "fp8 operands are f8e4m3 or f8e5m2, not both f8e5m2: the ", describe(g));
+  check(f.a_scale_inv && f.b_scale_inv, "gemm", "fp8 operands need their scale_inv pointers: the ", describe(g));
+  // (cuBLASLt refuses the product when run with a scale pointer that is not.)
+  check(aligned_16(f.a_scale_inv) && aligned_16(f.b_scale_inv), "gemm",
+        "fp8 operands' scale_inv pointers must be 16-byte aligned: the ", describe(g));
+  // (cuBLASLt's FP8 kernels misread an f32 bias: measured wrong on an H200 with CUDA 13.)
+  check(!g.bias || g.dtype != DType::f32, "gemm", "an fp8 product adds a bias only to a bf16 or f16 output: the ",
+        describe(g));
+  check(!g.a.transpose && g.b.transpose, "gemm",
+        "FP8 kernels read both operands along K: A stored [M, K] and B stored [N, K] (transposed), not the ",
+        describe(g));
+  check(g.dtype != DType::f64 && !g.wide_output && g.batch == 1 && !g.gelu_input && !g.dgelu_input, "gemm",
+        "an fp8 product writes bf16, f16 or f32, one product without GELU epilogues: the ", describe(g));
+}
+
 void validate(const GemmArgs& g) {
+  check(!is_fp8(g.dtype), "gemm", "C's dtype ", dtype_name(g.dtype), " is not a float dtype for a GEMM's output");
   data_type(g.dtype);
+  if (g.fp8) validate_fp8(g);
   check(g.M >= 0 && g.N >= 0 && g.K >= 0 && g.batch >= 0, "gemm", "negative size in the ", describe(g));
   check(g.batch <= INT32_MAX, "gemm", "a batch of more than 2^31 - 1 entries in the ", describe(g));
   // (cuBLASLt only sees products with M, N and K all positive, so these leading dimensions are positive too.)
@@ -197,16 +224,21 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
     set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.c.ld, g);
   }
-  init_layout(p.first, g.dtype, stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
-  init_layout(p.second, g.dtype, stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
+  if (g.fp8) {  // cuBLASLt's A is our B
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.fp8->b_scale_inv, g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.fp8->a_scale_inv, g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(g.fp8->fast_accumulation), g);
+  }
+  init_layout(p.first, b_dtype(g), stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
+  init_layout(p.second, a_dtype(g), stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
   init_layout(p.out, output_dtype(g), {g.M, g.N}, g.c.ld, stride_of(g.c.batch_stride, g), g);
 }
 
 // Everything the choice of algorithm depends on.
 struct AlgoKey {
   int device;
-  DType dtype, output;
-  bool tf32, tuned, trans_a, trans_b;
+  DType dtype, output, a_dtype, b_dtype;
+  bool tf32, tuned, fast_accumulation, trans_a, trans_b;
   std::uint32_t epilogue;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
   std::uint32_t align_a, align_b, align_c, align_bias, align_aux;
@@ -219,8 +251,11 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
   return {device,
           g.dtype,
           output_dtype(g),
+          a_dtype(g),
+          b_dtype(g),
           tf32,
           tuned,
+          g.fp8 && g.fp8->fast_accumulation,
           g.a.transpose,
           g.b.transpose,
           static_cast<std::uint32_t>(epilogue_of(g)),
@@ -234,8 +269,8 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           sa,
           sb,
           sc,
-          alignment(g.a.data, sa, g.dtype),
-          alignment(g.b.data, sb, g.dtype),
+          alignment(g.a.data, sa, a_dtype(g)),
+          alignment(g.b.data, sb, b_dtype(g)),
           alignment(g.c.data, sc, output_dtype(g)),
           alignment(g.bias ? g.bias : g.bias_gradient, 0, output_dtype(g)),
           alignment(g.gelu_input ? g.gelu_input : g.dgelu_input, 0, output_dtype(g))};
@@ -446,7 +481,7 @@ void gemm(const GemmArgs& g, int device) {
   const Launch launch(device);
   if (g.M == 0 || g.K == 0) return empty_product(g, launch);
 
-  const bool tf32 = g.dtype == DType::f32 && allow_tf32();
+  const bool tf32 = g.dtype == DType::f32 && !g.fp8 && allow_tf32();
   const cublasLtHandle_t handle = handle_of(device);
   Problem p;
   init_problem(p, g, tf32);

@@ -41,8 +41,22 @@ struct GemmOutput {
   std::int64_t batch_stride = 0;
 };
 
+// FP8 operands (Hopper's FP8 tensor cores): A and B hold fp8 codes, each f8e4m3 or f8e5m2 (not both f8e5m2), and
+// an operand's values are its codes times its dequantization scale, one f32 on the device at a 16-byte aligned
+// address, read when the product runs (TransformerEngine's scale_inv). The kernels read both operands along K: A
+// stored [M, K] (not transposed) and B stored [N, K] (transposed). The accumulation is f32; fast_accumulation lets
+// the tensor cores keep fewer bits between their partial sums (TransformerEngine's choice for the forward's
+// products).
+struct GemmFp8 {
+  DType a = DType::f8e4m3, b = DType::f8e4m3;
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
+  bool fast_accumulation = false;
+};
+
 struct GemmArgs {
-  DType dtype = DType::f32;  // of A, B, and of C and the bias unless wide_output (f32, f64, bf16 or f16)
+  // Of A, B, and of C and the bias unless wide_output (f32, f64, bf16 or f16); with fp8, of C and the bias only.
+  DType dtype = DType::f32;
   std::int64_t M = 0, N = 0, K = 0, batch = 1;
   GemmOperand a = {}, b = {};
   GemmOutput c = {};
@@ -62,10 +76,14 @@ struct GemmArgs {
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
   // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
   bool wide_output = false;
+  // Optional: A and B in fp8 (above), C in dtype (bf16, f16 or f32), a bias only with bf16 or f16; one product, no
+  // GELU epilogues.
+  const GemmFp8* fp8 = nullptr;
 };
 
 // Runs the product on `device`. Throws tapegrad::Error naming the shapes for a dtype without a GPU GEMM, negative
-// sizes, leading dimensions shorter than their rows, overlapping output matrices, or a cuBLASLt failure.
+// sizes, leading dimensions shorter than their rows, overlapping output matrices, fp8 operands laid out or combined
+// as no FP8 kernel takes them, or a cuBLASLt failure.
 void gemm(const GemmArgs& args, int device);
 
 }  // namespace tapegrad::cuda

@@ -24,6 +24,8 @@ constexpr std::string_view dtype_name(DType d) {
   return "?";
 }
 
+constexpr bool is_fp8(DType d) { return d == DType::f8e4m3 || d == DType::f8e5m2; }
+
 constexpr std::size_t dtype_size(DType d) {
   switch (d) {
     case DType::f64:

@@ -1,0 +1,26 @@
+// FP8 quantization on the GPU: the amax of a tensor and its fp8 codes (with a transposed copy where a product reads
+// it along its other dimension), bitwise the CPU's (ops/fp8_quantize.hpp, tensor/core/fp8.hpp). Plain C++ (see
+// tensor/gpu/backend.hpp for how ops call it). The work is queued on the device's current stream.
+#pragma once
+
+#include <cstdint>
+
+#include "tapegrad/tensor/core/dtype_tag.hpp"
+
+namespace tapegrad::cuda {
+
+// *amax = max(*amax, max |x|) over the n elements of x (f32, bf16 or f16; a NaN wins, as on the CPU). The maximum is
+// taken over the f32 bit patterns of |x|, which order as the values do (NaN above infinity): no order of the
+// threads changes it, so the result is the same every run.
+void fp8_amax(DType dtype, const void* x, std::int64_t n, float* amax, int device);
+
+// The scales of current scaling from an amax on the device: *scale = max / *amax of the format (1 for an amax of 0,
+// tensor/core/fp8.hpp's current_scale) and *scale_inv = 1 / *scale, what a GEMM multiplies the codes by.
+void fp8_current_scale(const float* amax, DType format, float* scale, float* scale_inv, int device);
+
+// codes[r, c] = fp8(x[r, c] · *scale) in `format` (f8e4m3 or f8e5m2: round to nearest even, saturating) for x
+// [rows, cols] row-major in f32, bf16 or f16; where `transposed` is given, also its transpose [cols, rows] there.
+void fp8_quantize(DType dtype, const void* x, std::int64_t rows, std::int64_t cols, DType format, const float* scale,
+                  void* codes, void* transposed, int device);
+
+}  // namespace tapegrad::cuda

@@ -1,0 +1,221 @@
+// The GPU's FP8 kernels. Quantization (cuda/fp8_quantize.hpp): amax, current scaling's scales, codes and their
+// transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included.
+// Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
+// and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
+// the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
+// refused by name.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <type_traits>
+
+#include "gpu_reference.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/fp8_quantize.hpp"
+#include "tapegrad/ops/fp8_quantize.hpp"
+#include "tapegrad/tapegrad.hpp"
+
+using namespace tapegrad;
+using test::gpu;
+
+namespace {
+
+const Device host = Device::cpu();
+
+// An fp8 operand: the codes of x · scale (current scaling), and the value each code stands for, code / scale.
+template <class F> struct Operand {
+  Tensor<F> codes;
+  Tensor<double> values;
+  float scale_inv;
+};
+
+template <class F> Operand<F> quantize(const Shape& shape, std::uint64_t seed) {
+  Tensor<float> x = randn<float>(shape, seed, 0.0, 3.0);
+  float amax = 0.0f;
+  for (std::int64_t i = 0; i < x.numel(); ++i) amax = std::max(amax, std::abs(x.flat(i)));
+  const float scale = fp8::current_scale(amax, fp8::max_value<F::format>());
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.flat(i) *= scale;
+  Operand<F> op{cast<F>(x), Tensor<double>(shape), 1.0f / scale};
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    op.values.flat(i) = convert<double>(op.codes.flat(i)) * static_cast<double>(op.scale_inv);
+  }
+  return op;
+}
+
+// C [M, N] = A [M, K] · Bᵀ (B stored [N, K]) + bias, in O, against double. The products of fp8 values are exact;
+// their sum is not: Hopper's tensor cores keep about 14 bits in the partial sums of an FP8 instruction chain, which
+// cuBLASLt promotes to f32 every few instructions (or, with fast accumulation, only at the end). Each element is held
+// within 2^-16 · K (fast: 2^-12 · K) of the sum of its terms' magnitudes, plus O's rounding: loose for rounding,
+// tight against a wrong scale, operand or layout, whose errors are of the order of the values.
+template <class FA, class FB, class O> void check_product(std::int64_t M, std::int64_t N, std::int64_t K, bool bias,
+                                                          bool fast, std::uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(bias);
+  CAPTURE(fast);
+  INFO(dtype_name(dtype_v<FA>), " × ", dtype_name(dtype_v<FB>), " to ", dtype_name(dtype_v<O>));
+  const Operand<FA> a = quantize<FA>({M, K}, seed);
+  const Operand<FB> b = quantize<FB>({N, K}, seed + 1);
+  const Tensor<O> bias_values = randn<O>({N}, seed + 2);
+  const Tensor<FA> a_gpu = a.codes.to(gpu);
+  const Tensor<FB> b_gpu = b.codes.to(gpu);
+  const Tensor<O> bias_gpu = bias_values.to(gpu);
+  const Tensor<float> a_scale_inv = full<float>({1}, a.scale_inv).to(gpu);
+  const Tensor<float> b_scale_inv = full<float>({1}, b.scale_inv).to(gpu);
+  Tensor<O> c_gpu(Shape{M, N}, gpu);
+  const cuda::GemmFp8 fp8{.a = dtype_v<FA>,
+                          .b = dtype_v<FB>,
+                          .a_scale_inv = a_scale_inv.data(),
+                          .b_scale_inv = b_scale_inv.data(),
+                          .fast_accumulation = fast};
+  const cuda::GemmArgs args{.dtype = dtype_v<O>,
+                            .M = M,
+                            .N = N,
+                            .K = K,
+                            .a = {a_gpu.data(), K, 0, false},
+                            .b = {b_gpu.data(), K, 0, true},
+                            .c = {c_gpu.data(), N, 0},
+                            .bias = bias ? bias_gpu.data() : nullptr,
+                            .fp8 = &fp8};
+  REQUIRE_NOTHROW(cuda::gemm(args, 0));
+  const Tensor<O> got = c_gpu.to(host);
+  const double accumulation = (fast ? 0x1p-12 : 0x1p-16) * static_cast<double>(K);
+  const double rounding = std::is_same_v<O, float> ? 0x1p-24 : 0x1p-8;
+  std::int64_t bad = 0, first = -1;
+  for (std::int64_t i = 0; i < M; ++i) {
+    for (std::int64_t j = 0; j < N; ++j) {
+      double sum = bias ? convert<double>(bias_values.flat(j)) : 0.0, magnitude = std::abs(sum);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double term = a.values.flat(i * K + k) * b.values.flat(j * K + k);
+        sum += term;
+        magnitude += std::abs(term);
+      }
+      const double error = std::abs(convert<double>(got.flat(i * N + j)) - sum);
+      if (error > accumulation * magnitude + rounding * std::abs(sum) + 1e-30) {
+        if (bad++ == 0) first = i * N + j;
+      }
+    }
+  }
+  INFO("first element out of tolerance: ", first);
+  CHECK(bad == 0);
+}
+
+// Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's.
+template <class F, class T> void check_quantization(const Tensor<T>& x) {
+  INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape());
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  const float amax = detail::amax_of(x);
+  const float scale = fp8::current_scale(amax, fp8::max_value<F::format>());
+  const Tensor<T> x_gpu = x.to(gpu);
+  Tensor<float> amax_gpu = zeros<float>({1}).to(gpu), scales_gpu(Shape{2}, gpu);
+  Tensor<F> codes_gpu(Shape{rows, cols}, gpu), transposed_gpu(Shape{cols, rows}, gpu);
+  cuda::fp8_amax(dtype_v<T>, x_gpu.data(), x.numel(), amax_gpu.data(), 0);
+  cuda::fp8_current_scale(amax_gpu.data(), dtype_v<F>, scales_gpu.data(), scales_gpu.data() + 1, 0);
+  cuda::fp8_quantize(dtype_v<T>, x_gpu.data(), rows, cols, dtype_v<F>, scales_gpu.data(), codes_gpu.data(),
+                     transposed_gpu.data(), 0);
+  CHECK(amax_gpu.to(host).flat(0) == amax);
+  const Tensor<float> scales = scales_gpu.to(host);
+  CHECK(scales.flat(0) == scale);
+  CHECK(scales.flat(1) == 1.0f / scale);
+  const Tensor<F> codes = codes_gpu.to(host), transposed = transposed_gpu.to(host);
+  std::int64_t bad = 0, bad_transposed = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float scaled = convert<float>(x.flat(r * cols + c)) * scale;
+      const std::uint8_t want = fp8::from_double<F::format>(static_cast<double>(scaled));
+      bad += codes.flat(r * cols + c).bits != want;
+      bad_transposed += transposed.flat(c * rows + r).bits != want;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(bad_transposed == 0);
+}
+
+}  // namespace
+
+TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and transposed codes") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (const Shape& shape : {Shape{1, 1}, Shape{37, 70}, Shape{256, 160}, Shape{33, 1}, Shape{1, 300}}) {
+    Tensor<float> x = randn<float>(shape, seed, 0.0, 2.0);
+    x.flat(0) = 0.0f;
+    Tensor<float> spread = x.clone();  // values far below the scaled range: fp8's subnormals and zero
+    for (std::int64_t i = 0; i < spread.numel(); ++i) spread.flat(i) *= std::exp2(static_cast<float>(i % 40 - 30));
+    for (const Tensor<float>& t : {x, spread}) {
+      check_quantization<f8e4m3>(t);
+      check_quantization<f8e5m2>(t);
+      check_quantization<f8e4m3>(cast<bf16>(t));
+      check_quantization<f8e5m2>(cast<f16>(t));
+    }
+  }
+  // A delayed scale below the tensor's own: saturation to the largest finite code (the GPU uses the CPU's scale).
+  const Tensor<float> x = randn<float>({8, 8}, seed, 0.0, 100.0);
+  const Tensor<float> x_gpu = x.to(gpu), scale = full<float>({1}, 16.0).to(gpu);
+  Tensor<f8e4m3> codes_gpu(Shape{8, 8}, gpu);
+  cuda::fp8_quantize(DType::f32, x_gpu.data(), 8, 8, DType::f8e4m3, scale.data(), codes_gpu.data(), nullptr, 0);
+  const Tensor<f8e4m3> codes = codes_gpu.to(host);
+  for (std::int64_t i = 0; i < 64; ++i) {
+    CHECK(codes.flat(i).bits == fp8::from_double<fp8::Format::e4m3>(static_cast<double>(x.flat(i) * 16.0f)));
+  }
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize(DType::f64, x.data(), 8, 8, DType::f8e4m3, nullptr, nullptr, nullptr, 0),
+                       doctest::Contains("fp8_quantize: quantizes f32, bf16 or f16, not f64"), Error);
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize(DType::f32, x.data(), 8, 8, DType::bf16, nullptr, nullptr, nullptr, 0),
+                       doctest::Contains("the format must be f8e4m3 or f8e5m2, got bf16"), Error);
+}
+
+TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (const auto [M, N, K] : {std::array<std::int64_t, 3>{16, 16, 16}, {64, 64, 64}, {64, 48, 96}, {200, 144, 512},
+                               {37, 16, 16}}) {
+    for (bool bias : {false, true}) {
+      for (bool fast : {false, true}) {
+        check_product<f8e4m3, f8e4m3, bf16>(M, N, K, bias, fast, seed);
+        if (!bias) check_product<f8e4m3, f8e4m3, float>(M, N, K, false, fast, seed);
+        check_product<f8e5m2, f8e4m3, bf16>(M, N, K, bias, fast, seed);
+        check_product<f8e4m3, f8e5m2, bf16>(M, N, K, bias, fast, seed);
+      }
+    }
+  }
+}
+
+TEST_CASE("fp8 operands that no FP8 kernel takes are refused naming the product") {
+  const Tensor<f8e4m3> a = cast<f8e4m3>(ones<float>({16, 16})).to(gpu), b = a;
+  const Tensor<float> scale = ones<float>({1}).to(gpu);
+  Tensor<bf16> c(Shape{16, 16}, gpu);
+  cuda::GemmFp8 fp8{.a_scale_inv = scale.data(), .b_scale_inv = scale.data()};
+  cuda::GemmArgs args{.dtype = DType::bf16,
+                      .M = 16,
+                      .N = 16,
+                      .K = 16,
+                      .a = {a.data(), 16, 0, false},
+                      .b = {b.data(), 16, 0, false},
+                      .c = {c.data(), 16, 0},
+                      .fp8 = &fp8};
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("FP8 kernels read both operands along K"), Error);
+  args.b.transpose = true;
+  fp8.a = fp8.b = DType::f8e5m2;
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("not both f8e5m2"), Error);
+  fp8.a = DType::f8e4m3;
+  fp8.b_scale_inv = nullptr;
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("need their scale_inv pointers"), Error);
+  const Tensor<float> two_scales = ones<float>({2}).to(gpu);
+  fp8.b_scale_inv = two_scales.data() + 1;
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("scale_inv pointers must be 16-byte aligned"), Error);
+  fp8.b_scale_inv = scale.data();
+  args.dtype = DType::f8e4m3;
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("is not a float dtype for a GEMM's output"), Error);
+  args.dtype = DType::f32;
+  Tensor<float> c_f32(Shape{16, 16}, gpu);
+  const Tensor<float> bias = ones<float>({16}).to(gpu);
+  args.c.data = c_f32.data();
+  args.bias = bias.data();
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("adds a bias only to a bf16 or f16 output"), Error);
+  args.bias = nullptr;
+  CHECK_NOTHROW(cuda::gemm(args, 0));
+}
