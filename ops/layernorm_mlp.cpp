@@ -228,6 +228,7 @@ template <class T> struct MlpGrads {
 // dy and, with return_layernorm_output, dh_out [M, H] are the gradients of y and of the returned h.
 template <class T>
 MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tensor<T>* dh_out, const MlpNeeds& need) {
+  using C = compute_t<T>;
   const auto [M, H, F, n] = c.dims;
   MlpGrads<T> g;
   if (need.b2) g.db2 = column_sums(dy, M, H);
@@ -237,16 +238,14 @@ MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tens
 
   const Tensor<T> h = norm_output(c);
   const Tensor<T> z = c.z.defined() ? c.z : first_product(c, h, false);
-  // fp8: each gradient quantized once as the dgrad product reads it (its amax counts then), and the inputs of the
-  // weight gradients as those read them, summing over the rows.
+  // fp8: each gradient quantized as the dgrad product reads it (its amax counts then), and the inputs of the weight
+  // gradients as those read them, summing over the rows (the same tensors unless block scaling tiles them).
   using Inner = detail::Inner;
-  const auto dyq = [&](Inner inner, bool first) {
-    return c.fp8->input(fp8::Role::grad_output, dy, M, H, inner, first);
-  };
+  Tensor<C> dy_columns, dz_columns;  // fp8: dy and dz as the dgrad products read them
   Tensor<T> a(Shape{M, F}), dz;
   if (need_dz) {
-    const Tensor<T> da = c.fp8 ? product<T>(Transpose::no, Transpose::yes, M, F, H, dyq(Inner::along_columns, true),
-                                            c.w2q)
+    if (c.fp8) dy_columns = c.fp8->input(fp8::Role::grad_output, dy, M, H, Inner::along_columns, true);
+    const Tensor<T> da = c.fp8 ? product<T>(Transpose::no, Transpose::yes, M, F, H, dy_columns, c.w2q)
                                : product<T>(Transpose::no, Transpose::yes, M, F, H, dy, c.w2);
     dz = Tensor<T>(Shape{M, n * F});
     g.db1 = activation_backward(c, z, da, a, dz, need.b1);
@@ -255,22 +254,21 @@ MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tens
   }
   if (need.w2) {
     g.dw2 = c.fp8 ? weight_gradient(c.fp8->input(fp8::Role::activation, a, M, F, Inner::along_rows, false),
-                                    dyq(Inner::along_rows, !need_dz), M, F, H)
+                                    c.fp8->along_rows(fp8::Role::grad_output, dy, M, H, dy_columns, !need_dz), M, F,
+                                    H)
                   : weight_gradient(a, dy, M, F, H);
   }
+  if (c.fp8 && need_dh) dz_columns = c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_columns, true);
   if (need.w1) {
     g.dw1 = c.fp8 ? weight_gradient(c.fp8->input(fp8::Role::input, h, M, H, Inner::along_rows, false),
-                                    c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_rows, !need_dh),
-                                    M, H, n * F)
+                                    c.fp8->along_rows(fp8::Role::grad_hidden, dz, M, n * F, dz_columns, !need_dh), M,
+                                    H, n * F)
                   : weight_gradient(h, dz, M, H, n * F);
   }
   if (need_dh) {
     const Addend<T> returned_h{.matrix = dh_out ? dh_out->data() : nullptr};  // the gradient of the returned h
-    const Tensor<T> dh =
-        c.fp8 ? product(Transpose::no, Transpose::yes, M, H, n * F,
-                        c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_columns, true), c.w1q,
-                        returned_h)
-              : product(Transpose::no, Transpose::yes, M, H, n * F, dz, c.w1, returned_h);
+    const Tensor<T> dh = c.fp8 ? product(Transpose::no, Transpose::yes, M, H, n * F, dz_columns, c.w1q, returned_h)
+                               : product(Transpose::no, Transpose::yes, M, H, n * F, dz, c.w1, returned_h);
     auto norm_grads = detail::norm_backward(c.norm, dh, need.x, need.gamma, need.beta);
     g.dx = norm_grads.dx;
     g.dgamma_dbeta = std::move(norm_grads.dgamma_dbeta);

@@ -53,6 +53,13 @@ template <class T> class MlpFp8 {
     return inner == Inner::along_columns ? block_quantized<C>(x, rows, cols, 1, 128)
                                          : block_quantized<C>(x, rows, cols, 128, 1);
   }
+  // The same input read along its rows, given its quantization along its columns where the pass made one: with one
+  // scale per tensor that is already it.
+  Tensor<C> along_rows(fp8::Role role, const Tensor<T>& x, std::int64_t rows, std::int64_t cols,
+                       const Tensor<C>& along_columns, bool first) const {
+    if (along_columns.defined() && !tiled()) return along_columns;
+    return input(role, x, rows, cols, Inner::along_rows, first);
+  }
 
  private:
   static std::size_t index(fp8::Role role) { return static_cast<std::size_t>(role); }
@@ -71,11 +78,11 @@ template <class T> class MlpFp8 {
 
   template <class X> Tensor<C> per_tensor(fp8::Role role, const Tensor<X>& x, bool first) const {
     const fp8::Format format = fp8::format_of(formats(), role);
-    const float amax = amax_of(x);
     if (q_.state) {  // delayed scaling: the step's scale; the amax goes to the state, which refuses a bad one
-      if (first) q_.state->record(role, amax);
+      if (first) q_.state->record(role, amax_of(x));
       return quantized<C>(x, format, scales_[index(role)]);
     }
+    const float amax = amax_of(x);
     require_finite(role, amax);
     return quantized<C>(x, format, fp8::current_scale(amax, fp8::max_value(format)));
   }

@@ -35,9 +35,7 @@ template <class F> struct Operand {
 
 template <class F> Operand<F> quantize(const Shape& shape, std::uint64_t seed) {
   Tensor<float> x = randn<float>(shape, seed, 0.0, 3.0);
-  float amax = 0.0f;
-  for (std::int64_t i = 0; i < x.numel(); ++i) amax = std::max(amax, std::abs(x.flat(i)));
-  const float scale = fp8::current_scale(amax, fp8::max_value<F::format>());
+  const float scale = fp8::current_scale(detail::amax_of(x), fp8::max_value<F::format>());
   for (std::int64_t i = 0; i < x.numel(); ++i) x.flat(i) *= scale;
   Operand<F> op{cast<F>(x), Tensor<double>(shape), 1.0f / scale};
   for (std::int64_t i = 0; i < x.numel(); ++i) {
