@@ -6,7 +6,11 @@
 // tapegrad held during it beyond what was held before (inputs and parameters), gradients included, as the peers'
 // peak_extra_mib; and the forward + backward step captured once as a CUDA graph (tensor/gpu/graph.hpp) and replayed
 // ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
-// GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned").
+// GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned"), and in each
+// "precision": bf16 products, and fp8 with delayed scaling and with current scaling (TransformerEngine's defaults,
+// HYBRID format). Delayed scaling's step ends on the host at the next forward, which reads the amaxes back: it is
+// not captured as a graph.
+#include <optional>
 #include <string>
 
 #include "tapegrad/cuda/blaslt.hpp"
@@ -39,10 +43,21 @@ constexpr Config configs[] = {
     {"gpt_1k_odd", 4096, 1021, 4093, "ln_gelu", NormType::layernorm, Activation::gelu, true},
 };
 
-void run_config(const Config& c, bool autotune) {
+struct Precision {
+  const char* name;
+  std::optional<fp8::Recipe> fp8;
+  bool graph;  // whether a step can be captured
+};
+const Precision precisions[] = {
+    {"bf16", std::nullopt, true},
+    {"fp8_delayed", fp8::DelayedScaling{}, false},
+    {"fp8_current", fp8::CurrentScaling{}, true},
+};
+
+void run_config(const Config& c, const Precision& precision, bool autotune) {
   cuda::set_gemm_autotune(autotune);
   const std::int64_t n = activation_width(c.activation);
-  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases);
+  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases, precision.fp8);
   const auto step = [&] { block.step(); };
   const std::vector<Timing> t = measure_gpu({[&] {
                                                (void)block.forward();
@@ -57,20 +72,24 @@ void run_config(const Config& c, bool autotune) {
   cuda::synchronize(0);
   const double peak_extra_mib = static_cast<double>(cuda::memory_stats(0).peak_in_use - before) / (1 << 20);
 
-  const cuda::Graph graph = cuda::Graph::capture(0, step);  // after the timed steps: kernels made, GEMMs chosen
-  const Timing replayed = measure_gpu([&] { graph.replay(); });
+  std::optional<Timing> replayed;
+  if (precision.graph) {
+    const cuda::Graph graph = cuda::Graph::capture(0, step);  // after the timed steps: kernels made, GEMMs chosen
+    replayed = measure_gpu([&] { graph.replay(); });
+  }
 
   const double gemm_flops = (n == 2 ? 18.0 : 12.0) * double(c.M) * double(c.H) * double(c.F);
   const Timing backward_alone{t[1].median_ns - t[0].median_ns, t[1].min_ns - t[0].min_ns, t[1].reps};
   const struct {
     const char* mode;
-    const Timing& timing;
+    const Timing* timing;
     double flops;
-  } modes[] = {{"forward", t[0], gemm_flops / 3},
-               {"forward_backward", t[1], gemm_flops},
-               {"backward", backward_alone, gemm_flops * 2 / 3},
-               {"forward_backward_graph", replayed, gemm_flops}};
+  } modes[] = {{"forward", &t[0], gemm_flops / 3},
+               {"forward_backward", &t[1], gemm_flops},
+               {"backward", &backward_alone, gemm_flops * 2 / 3},
+               {"forward_backward_graph", replayed ? &*replayed : nullptr, gemm_flops}};
   for (const auto& m : modes) {
+    if (!m.timing) continue;
     JsonLine line("gpu_layernorm_mlp");
     line.str("config", c.name)
         .num("M", double(c.M))
@@ -78,10 +97,11 @@ void run_config(const Config& c, bool autotune) {
         .num("F", double(c.F))
         .str("kind", c.kind)
         .str("gemm", autotune ? "autotuned" : "heuristic")
+        .str("precision", precision.name)
         .str("mode", m.mode)
-        .num("median_ms", m.timing.median_ns * 1e-6)
-        .num("tflops", m.flops / m.timing.median_ns * 1e-3)
-        .timing(m.timing);
+        .num("median_ms", m.timing->median_ns * 1e-6)
+        .num("tflops", m.flops / m.timing->median_ns * 1e-3)
+        .timing(*m.timing);
     if (std::string(m.mode) == "forward_backward") line.num("peak_extra_mib", peak_extra_mib);
   }
 }
@@ -91,7 +111,9 @@ void run_config(const Config& c, bool autotune) {
 void gpu_layernorm_mlp() {
   if (!gpu_available("gpu_layernorm_mlp")) return;
   for (const bool autotune : {false, true}) {
-    for (const Config& c : configs) run_config(c, autotune);
+    for (const Config& c : configs) {
+      for (const Precision& p : precisions) run_config(c, p, autotune);
+    }
   }
   cuda::set_gemm_autotune(false);
 }

@@ -1,8 +1,10 @@
 // The layernorm_mlp block the GPU benchmarks run (bench/gpu_layernorm_mlp.cpp, bench/layernorm_mlp_step.cpp): bf16
-// input, parameters and output gradient drawn on cuda:0 with ../shared/gpu/peer_bench.py's scales, epsilon 1e-5.
+// input, parameters and output gradient drawn on cuda:0 with ../shared/gpu/peer_bench.py's scales, epsilon 1e-5;
+// its products in bf16, or quantized to fp8 by a recipe (delayed scaling's state then lives in the options).
 #pragma once
 
 #include <cmath>
+#include <optional>
 
 #include "tapegrad/tapegrad.hpp"
 
@@ -16,7 +18,8 @@ struct GpuMlpBlock {
   tapegrad::LayerNormMLPOptions options;
 
   GpuMlpBlock(std::int64_t M, std::int64_t H, std::int64_t F, tapegrad::NormType norm,
-              tapegrad::Activation activation, bool with_biases) {
+              tapegrad::Activation activation, bool with_biases,
+              const std::optional<tapegrad::fp8::Recipe>& fp8 = std::nullopt) {
     using namespace tapegrad;
     const Device gpu = Device::cuda(0);
     const std::int64_t n = activation_width(activation);
@@ -30,6 +33,7 @@ struct GpuMlpBlock {
     }
     dy = randn<bf16>({M, H}, 8, 0.0, 1.0, gpu);
     options = {.norm = norm, .epsilon = 1e-5, .activation = activation};
+    if (fp8) options.fp8 = fp8_quantization(*fp8);
   }
 
   // The recorded forward, as in training.

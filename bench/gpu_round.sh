@@ -9,9 +9,12 @@
 #     node                  tapegrad_bench gpu_layernorm_mlp                               -> ours$RUN.jsonl
 #     peers                 $PEER (../shared/gpu/peer_bench.py copied beside the tree) and
 #                           peer_jax_with_y.py over ITERS steps (default 200), then the table -> peers$RUN.jsonl
+#     fp8peers              peer_torch_fp8.py (PyTorch eager, FP8 GEMMs) and $FLOOR (../shared/gpu/
+#                           fp8_gemm_floor.py beside $PEER: the six GEMMs in fp8 and bf16)   -> fp8peers$RUN.jsonl
 #     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
-#                           NCU_TUNE= : cuBLASLt's heuristic GEMMs instead of autotuned ones)
+#                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
+#                           NCU_PRECISION=delayed|current: the products in fp8)
 #     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 B=${B:-build-gpu}
 OUT=${OUT:-$B/round}
 PEER=${PEER:-.peer/peer_bench.py}
+FLOOR=${FLOOR:-$(dirname "$PEER")/fp8_gemm_floor.py}
 mkdir -p "$OUT"
 log=$OUT/log.txt
 say() { echo "== $(date +%T) $*" | tee -a "$log"; }
@@ -61,12 +65,17 @@ for step in "$@"; do
       ITERS=${ITERS:-200} python3 "$PEER" >"$peers" 2>>"$log"
       ITERS=${ITERS:-200} python3 bench/peer_jax_with_y.py "$PEER" >>"$peers" 2>>"$log"
       python3 bench/layernorm_mlp_peers.py "$OUT/ours${RUN:-}.jsonl" "$peers" | tee -a "$log" ;;
+    fp8peers)
+      fp8peers=$OUT/fp8peers${RUN:-}.jsonl
+      ITERS=${ITERS:-200} python3 bench/peer_torch_fp8.py "$PEER" >"$fp8peers" 2>>"$log"
+      ITERS=${ITERS:-200} python3 "$FLOOR" >>"$fp8peers" 2>>"$log"
+      cat "$fp8peers" >>"$log" ;;
     ncustep)
       for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
-        echo "### $shape gelu ${NCU_TUNE-autotune} cache ${NCU_CACHE:-all}" >>"$OUT/ncu.csv"
+        echo "### $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu.csv"
         ncu --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
           --metrics gpu__time_duration.sum --csv \
-          $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE-autotune} >>"$OUT/ncu.csv" 2>&1
+          $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} >>"$OUT/ncu.csv" 2>&1
       done ;;
     gemms)
       for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layernorm_mlp node against its peers on one GPU: a markdown table (stdout) and, with --png, a chart.
 
-usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer JSON lines> [--png F]
+usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer JSON lines>... [--png F]
                               [--gemm autotuned|heuristic]
 
 Both files come from the same run on the same GPU (issue 5's rule); the peer lines are peer_bench.py's, followed by
@@ -10,6 +10,10 @@ forward + backward beside them, as milliseconds, as a ratio to JAX jit (to "jax_
 y, where present: peer_bench.py's "jax_jit" drops y and with it a GEMM), as TFLOP/s on the GEMM flops, and peak
 extra memory against PyTorch eager's. --gemm picks which of tapegrad's runs
 (GEMM algorithms autotuned, the default, or cuBLASLt's heuristic choice; lines without the field count as heuristic).
+
+Where tapegrad's lines include fp8 runs ("precision" other than bf16; lines without the field are bf16), a second
+table sets each recipe's step beside tapegrad's bf16 step, the six FP8 GEMMs alone (fp8_gemm_floor.py's
+"gemms_fp8") and PyTorch eager with FP8 GEMMs (peer_torch_fp8.py's "torch_fp8_eager"), from the peer files given.
 """
 import json
 import sys
@@ -35,9 +39,10 @@ def main(argv):
             options[flag] = argv[i + 1]
             argv = argv[:i] + argv[i + 2:]
     png = options["--png"]
-    ours = [r for r in read(argv[0]) if r.get("group") == "gpu_layernorm_mlp" and "config" in r
+    runs = [r for r in read(argv[0]) if r.get("group") == "gpu_layernorm_mlp" and "config" in r
             and r.get("gemm", "heuristic") == options["--gemm"]]
-    peers = [r for r in read(argv[1]) if "median_ms" in r]
+    ours = [r for r in runs if r.get("precision", "bf16") == "bf16"]
+    peers = [r for path in argv[1:] for r in read(path) if "median_ms" in r]
     configs = [r["config"] for r in ours if r["mode"] == "forward_backward"]
     peer_ms = {(r["config"], r["system"]): r for r in peers}
     mine = {(r["config"], r["mode"]): r for r in ours}
@@ -68,6 +73,8 @@ def main(argv):
                      if eager else "—")
         print("| " + " | ".join(cells) + " |")
 
+    fp8_table(runs, peer_ms)
+
     if png:
         import matplotlib
         matplotlib.use("Agg")
@@ -91,6 +98,46 @@ def main(argv):
         ax.legend()
         fig.tight_layout()
         fig.savefig(png, dpi=120)
+
+
+def fp8_table(runs, peer_ms):
+    recipes = sorted({r["precision"] for r in runs if r.get("precision", "bf16") != "bf16"})
+    if not recipes:
+        return
+    step = {(r["config"], r.get("precision", "bf16"), r["mode"]): r for r in runs}
+    configs = [r["config"] for r in runs if r["mode"] == "forward_backward" and r.get("precision", "bf16") == "bf16"]
+    print()
+    print("| config | bf16 fwd+bwd ms (graph) | "
+          + " | ".join(f"{p} ms (graph), / bf16" for p in recipes)
+          + " | six fp8 GEMMs ms (torch) | " + " | ".join(f"{p} / six fp8 GEMMs" for p in recipes)
+          + " | torch_fp8_eager ms | peak extra MiB: bf16 / " + " / ".join(recipes) + " |")
+    print("|" + "---|" * (4 + 2 * len(recipes) + 1))
+
+    def timed(c, p):
+        both, graph = step.get((c, p, "forward_backward")), step.get((c, p, "forward_backward_graph"))
+        text = f"{both['median_ms']:.3f}" if both else "—"
+        return text + (f" ({graph['median_ms']:.3f})" if graph else "")
+
+    for c in configs:
+        bf16 = step[(c, "bf16", "forward_backward")]
+        cells = [c, timed(c, "bf16")]
+        for p in recipes:
+            r = step.get((c, p, "forward_backward"))
+            cells.append(timed(c, p) + (f", {r['median_ms'] / bf16['median_ms']:.2f}" if r else ""))
+        floor = peer_ms.get((c, "gemms_fp8"))
+        cells.append(f"{floor['median_ms']:.3f}" if floor else "—")
+        for p in recipes:
+            r = step.get((c, p, "forward_backward"))
+            cells.append(f"{r['median_ms'] / floor['median_ms']:.2f}" if r and floor else "—")
+        eager = peer_ms.get((c, "torch_fp8_eager"))
+        cells.append(f"{eager['median_ms']:.3f}" if eager else "—")
+        mibs = [mib(bf16["peak_extra_mib"])]
+        for p in recipes:
+            r = step.get((c, p, "forward_backward"))
+            ratio = r["peak_extra_mib"] / bf16["peak_extra_mib"] if r else 0
+            mibs.append(f"{mib(r['peak_extra_mib'])} ({ratio:.2f})" if r else "—")
+        cells.append(" / ".join(mibs))
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

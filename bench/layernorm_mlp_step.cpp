@@ -1,10 +1,13 @@
 // One forward+backward step of the layernorm_mlp node (bf16, the block bench/gpu_layernorm_mlp.cpp times) between
 // cudaProfilerStart and cudaProfilerStop, after three unprofiled steps: for a per-kernel profile,
-//   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv layernorm_mlp_step M H F gelu|swiglu [autotune]
-// gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks).
+//   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
+//     layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]
+// gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks); the last word
+// quantizes the products to fp8 with that recipe.
 #include <cuda_profiler_api.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "tapegrad/cuda/blaslt.hpp"
@@ -15,14 +18,18 @@ using namespace tapegrad;
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s M H F gelu|swiglu [autotune]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]\n", argv[0]);
     return 2;
   }
   const bool swiglu = std::string(argv[4]) == "swiglu";
   cuda::set_gemm_autotune(argc > 5 && std::string(argv[5]) == "autotune");
+  const std::string precision = argc > 6 ? argv[6] : "bf16";
+  std::optional<fp8::Recipe> recipe;
+  if (precision == "delayed") recipe = fp8::DelayedScaling{};
+  if (precision == "current") recipe = fp8::CurrentScaling{};
   const bench::GpuMlpBlock block(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]),
                                  swiglu ? NormType::rmsnorm : NormType::layernorm,
-                                 swiglu ? Activation::swiglu : Activation::gelu, !swiglu);
+                                 swiglu ? Activation::swiglu : Activation::gelu, !swiglu, recipe);
   for (int i = 0; i < 3; ++i) block.step();  // kernels made, GEMM algorithms chosen, the pool warm
   cuda::synchronize(0);
   if (cudaProfilerStart() != cudaSuccess) return std::fprintf(stderr, "cudaProfilerStart failed\n"), 1;

@@ -1,7 +1,13 @@
-// FP8 quantization kernels (see fp8_quantize.hpp). The codes come from tensor/core/fp8.hpp's from_double applied to
-// the f32 product x · scale, as the CPU computes it, so both give the same bits. The transposed copy goes through a
-// 32 × 32 tile in shared memory, so that both the codes and their transpose are written a row of a tile at a time.
+// FP8 quantization kernels (see fp8_quantize.hpp). A code is the hardware's conversion of the f32 product x · scale
+// (round to nearest even, saturating to the largest finite value: tensor/core/fp8.hpp's from_double of the same
+// f32, the CPU's; a NaN gives nan_code as there). The quantization works on tiles of 64 × 64 elements: each thread
+// converts runs of 8 elements of a row (16- or 32-byte loads, an 8-byte store of codes), the tile's codes go through
+// shared memory, and runs of 8 codes down a column are written as 8 bytes of the transpose.
 #include "tapegrad/cuda/fp8_quantize.hpp"
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
 
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/core/fp8.hpp"
@@ -11,25 +17,36 @@ namespace tapegrad::cuda {
 
 namespace {
 
-constexpr int tile = 32;
-constexpr int tile_rows_per_pass = 8;  // a block is tile × tile_rows_per_pass threads
+constexpr int tile = 64;
+constexpr int run = 8;  // elements a thread converts together
+constexpr int quantize_threads = 256;
+constexpr int runs_per_tile = tile * tile / run;
+
+// Merges each thread's m (the bits of an |x|) into *amax_bits: a warp's maximum, then the block's, one atomic per
+// block. Called by every thread of the block.
+__device__ void merge_amax(unsigned int m, unsigned int* amax_bits) {
+  m = __reduce_max_sync(0xffffffffu, m);
+  __shared__ unsigned int warps[32];
+  const unsigned threads = blockDim.x * blockDim.y, thread = threadIdx.y * blockDim.x + threadIdx.x;
+  const unsigned lane = thread % 32, warp = thread / 32;
+  if (lane == 0) warps[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < threads / 32 ? warps[lane] : 0u;
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) atomicMax(amax_bits, m);
+  }
+}
+
+template <class S> __device__ unsigned int abs_bits(S v) { return __float_as_uint(fabsf(to_compute<float>(v))); }
 
 template <class S> __global__ void amax_kernel(const S* x, std::int64_t n, unsigned int* amax_bits) {
   unsigned int m = 0;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
-    m = max(m, __float_as_uint(fabsf(to_compute<float>(x[i]))));
+    m = max(m, abs_bits(x[i]));
   }
-  m = __reduce_max_sync(0xffffffffu, m);
-  __shared__ unsigned int warps[32];
-  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warps[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < blockDim.x / 32 ? warps[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) atomicMax(amax_bits, m);
-  }
+  merge_amax(m, amax_bits);
 }
 
 __global__ void current_scale_kernel(const float* amax, float max, float* scale, float* scale_inv) {
@@ -38,31 +55,76 @@ __global__ void current_scale_kernel(const float* amax, float max, float* scale,
   *scale_inv = 1.0f / s;
 }
 
+template <fp8::Format F> __device__ std::uint8_t to_fp8(float v) {
+  if (v != v) return fp8::nan_code;
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == fp8::Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// x[at .. at + run) as f32, from one or two 16-byte loads.
+template <class S> __device__ void load_run(const S* x, float (&v)[run]) {
+  static_assert(sizeof(S) * run % 16 == 0);
+  constexpr int per_load = 16 / sizeof(S);
+  for (int k = 0; k < run / per_load; ++k) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(x + k * per_load);
+    const S* values = reinterpret_cast<const S*>(&bits);
+    for (int j = 0; j < per_load; ++j) v[k * per_load + j] = to_compute<float>(values[j]);
+  }
+}
+
+// Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
+// are zero codes), else rows. `aligned`: cols a multiple of run and x, codes at 16- and 8-byte boundaries (whole
+// runs load and store at once); `transposed_aligned`: likewise transposed_ld and the transpose.
 template <class S, fp8::Format F>
-__global__ void quantize_kernel(const S* x, std::int64_t rows, std::int64_t cols, const float* scale_ptr,
-                                std::uint8_t* codes, std::uint8_t* transposed) {
-  __shared__ std::uint8_t block[tile][tile + 1];
+__global__ void __launch_bounds__(quantize_threads)
+    quantize_kernel(const S* x, std::int64_t rows, std::int64_t cols, const float* scale_ptr, std::uint8_t* codes,
+                    std::uint8_t* transposed, std::int64_t transposed_ld, unsigned int* amax_bits, bool aligned,
+                    bool transposed_aligned) {
+  __shared__ std::uint8_t block[tile][tile + 4];
   const float scale = *scale_ptr;
-  const std::int64_t tiles_across = (cols + tile - 1) / tile, tiles = tiles_across * ((rows + tile - 1) / tile);
+  const std::int64_t padded_rows = transposed ? transposed_ld : rows;
+  const std::int64_t tiles_across = (cols + tile - 1) / tile, tiles = tiles_across * ((padded_rows + tile - 1) / tile);
+  unsigned int m = 0;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
-    for (int i = threadIdx.y; i < tile; i += tile_rows_per_pass) {
-      const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) {
-        const float scaled = to_compute<float>(x[r * cols + c]) * scale;
-        const std::uint8_t code = fp8::from_double<F>(static_cast<double>(scaled));
-        codes[r * cols + c] = code;
-        block[i][threadIdx.x] = code;
+    for (int k = threadIdx.x; k < runs_per_tile; k += quantize_threads) {
+      const int i = k / (tile / run), j0 = k % (tile / run) * run;
+      const std::int64_t r = r0 + i, c = c0 + j0;
+      float v[run];
+      const bool whole = aligned && r < rows && c + run <= cols;
+      if (whole) {
+        load_run(x + r * cols + c, v);
+      } else {
+        for (int j = 0; j < run; ++j) v[j] = r < rows && c + j < cols ? to_compute<float>(x[r * cols + c + j]) : 0.0f;
+      }
+      alignas(8) std::uint8_t q[run];
+      for (int j = 0; j < run; ++j) {
+        m = max(m, __float_as_uint(fabsf(v[j])));
+        q[j] = to_fp8<F>(v[j] * scale);
+        block[i][j0 + j] = q[j];
+      }
+      if (codes && whole) {
+        *reinterpret_cast<uint2*>(codes + r * cols + c) = *reinterpret_cast<const uint2*>(q);
+      } else if (codes && r < rows) {
+        for (int j = 0; j < run && c + j < cols; ++j) codes[r * cols + c + j] = q[j];
       }
     }
     if (transposed == nullptr) continue;  // (the same for every thread of the block)
     __syncthreads();
-    for (int i = threadIdx.y; i < tile; i += tile_rows_per_pass) {
-      const std::int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) transposed[c * rows + r] = block[threadIdx.x][i];
+    for (int k = threadIdx.x; k < runs_per_tile; k += quantize_threads) {
+      const int j = k / (tile / run), i0 = k % (tile / run) * run;  // column j of the tile, its rows i0 ..
+      const std::int64_t c = c0 + j, r = r0 + i0;
+      if (c >= cols) continue;
+      alignas(8) std::uint8_t q[run];
+      for (int i = 0; i < run; ++i) q[i] = block[i0 + i][j];
+      if (transposed_aligned && r + run <= padded_rows) {
+        *reinterpret_cast<uint2*>(transposed + c * transposed_ld + r) = *reinterpret_cast<const uint2*>(q);
+      } else {
+        for (int i = 0; i < run && r + i < padded_rows; ++i) transposed[c * transposed_ld + r + i] = q[i];
+      }
     }
     __syncthreads();  // the tile is read before the next one overwrites it
   }
+  if (amax_bits) merge_amax(m, amax_bits);  // (the same for every thread of the block)
 }
 
 fp8::Format format_of(DType format, const char* op) {
@@ -99,27 +161,33 @@ void fp8_current_scale(const float* amax, DType format, float* scale, float* sca
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 
-void fp8_quantize(DType dtype, const void* x, std::int64_t rows, std::int64_t cols, DType format, const float* scale,
-                  void* codes, void* transposed, int device) {
-  check(rows >= 0 && cols >= 0, "fp8_quantize", "negative size [", rows, ", ", cols, "]");
-  const fp8::Format f = format_of(format, "fp8_quantize");
-  if (rows == 0 || cols == 0) return;
+void fp8_quantize(const Fp8Quantize& q, int device) {
+  check(q.rows >= 0 && q.cols >= 0, "fp8_quantize", "negative size [", q.rows, ", ", q.cols, "]");
+  const fp8::Format f = format_of(q.format, "fp8_quantize");
+  const std::int64_t transposed_ld = q.transposed_ld == 0 ? q.rows : q.transposed_ld;
+  check(!q.transposed || transposed_ld >= q.rows, "fp8_quantize", "the transposed codes' rows (", transposed_ld,
+        ") are shorter than x's ", q.rows, " rows");
+  const std::int64_t padded_rows = q.transposed ? transposed_ld : q.rows;
+  if (padded_rows == 0 || q.cols == 0) return;
   const Launch launch(device);
-  dispatch_quantized(dtype, "fp8_quantize", [&](auto tag) {
+  const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  const bool aligned = q.cols % run == 0 && at(q.x, 16) && at(q.codes, 8);
+  const bool transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8);
+  dispatch_quantized(q.dtype, "fp8_quantize", [&](auto tag) {
     using S = decltype(tag);
-    const std::int64_t tiles = ((rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
-    const dim3 threads(tile, tile_rows_per_pass);
-    const int blocks = launch.blocks_for(tiles * tile * tile_rows_per_pass, tile * tile_rows_per_pass);
-    const auto run = [&](auto kernel) {
-      kernel<<<blocks, threads, 0, launch.stream()>>>(static_cast<const S*>(x), rows, cols, scale,
-                                                      static_cast<std::uint8_t*>(codes),
-                                                      static_cast<std::uint8_t*>(transposed));
+    const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((q.cols + tile - 1) / tile);
+    const int blocks = launch.blocks_for(tiles * quantize_threads, quantize_threads);
+    const auto launch_kernel = [&](auto kernel) {
+      kernel<<<blocks, quantize_threads, 0, launch.stream()>>>(
+          static_cast<const S*>(q.x), q.rows, q.cols, q.scale, static_cast<std::uint8_t*>(q.codes),
+          static_cast<std::uint8_t*>(q.transposed), transposed_ld, reinterpret_cast<unsigned int*>(q.amax), aligned,
+          transposed_aligned);
       TAPEGRAD_CUDA_CHECK_LAUNCH();
     };
     if (f == fp8::Format::e4m3) {
-      run(quantize_kernel<S, fp8::Format::e4m3>);
+      launch_kernel(quantize_kernel<S, fp8::Format::e4m3>);
     } else {
-      run(quantize_kernel<S, fp8::Format::e5m2>);
+      launch_kernel(quantize_kernel<S, fp8::Format::e5m2>);
     }
   });
 }

@@ -18,9 +18,21 @@ void fp8_amax(DType dtype, const void* x, std::int64_t n, float* amax, int devic
 // tensor/core/fp8.hpp's current_scale) and *scale_inv = 1 / *scale, what a GEMM multiplies the codes by.
 void fp8_current_scale(const float* amax, DType format, float* scale, float* scale_inv, int device);
 
-// codes[r, c] = fp8(x[r, c] · *scale) in `format` (f8e4m3 or f8e5m2: round to nearest even, saturating) for x
-// [rows, cols] row-major in f32, bf16 or f16; where `transposed` is given, also its transpose [cols, rows] there.
-void fp8_quantize(DType dtype, const void* x, std::int64_t rows, std::int64_t cols, DType format, const float* scale,
-                  void* codes, void* transposed, int device);
+// x [rows, cols] row-major in f32, bf16 or f16, quantized to `format` (f8e4m3 or f8e5m2: round to nearest even,
+// saturating) with the scale at `scale` on the device: code = fp8(x · *scale). One pass writes what is asked for.
+struct Fp8Quantize {
+  DType dtype = DType::f32;
+  const void* x = nullptr;
+  std::int64_t rows = 0, cols = 0;
+  DType format = DType::f8e4m3;
+  const float* scale = nullptr;
+  void* codes = nullptr;  // [rows, cols]; null: none
+  // [cols, transposed_ld]: the codes transposed, zero in columns rows .. transposed_ld (a GEMM that sums over the
+  // rows reads them with its inner size padded to 16 bytes); null: none.
+  void* transposed = nullptr;
+  std::int64_t transposed_ld = 0;  // 0: rows
+  float* amax = nullptr;  // *amax = max(*amax, max |x|) as fp8_amax computes it; null: none
+};
+void fp8_quantize(const Fp8Quantize& q, int device);
 
 }  // namespace tapegrad::cuda

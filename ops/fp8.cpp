@@ -54,23 +54,39 @@ ScalingState::ScalingState(const DelayedScaling& recipe) : recipe_(recipe) {
   scales_.fill(1.0f);
 }
 
-float& ScalingState::history(Role role, int slot) {
+float& ScalingState::history(Role role, int slot) const {
   return histories_[index(role) * static_cast<std::size_t>(recipe_.amax_history_len) + static_cast<std::size_t>(slot)];
 }
 
 std::span<const float> ScalingState::amax_history(Role role) const {
+  settle();
   const auto length = static_cast<std::size_t>(recipe_.amax_history_len);
   return std::span<const float>(histories_).subspan(index(role) * length, length);
 }
 
-void ScalingState::record(Role role, float amax) {
+void ScalingState::merge(Role role, float amax) const {
   float& newest = history(role, 0);
   // NaN wins the maximum, so that update() sees it.
   newest = std::isnan(amax) || std::isnan(newest) ? NAN : std::max(newest, amax);
   pending_ = true;
 }
 
+void ScalingState::record(Role role, float amax) { merge(role, amax); }
+
+void ScalingState::record_later(Role role, std::function<float()> read) {
+  deferred_.emplace_back(role, std::move(read));
+}
+
+void ScalingState::settle() const {
+  while (!deferred_.empty()) {
+    auto [role, read] = std::move(deferred_.back());
+    deferred_.pop_back();  // before reading: a read that throws is not retried
+    merge(role, read());
+  }
+}
+
 void ScalingState::update() {
+  settle();
   const int length = recipe_.amax_history_len;
   for (Role role : roles) {
     const float newest = history(role, 0);

@@ -16,9 +16,11 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -73,10 +75,13 @@ class ScalingState {
   // Role's amax history, newest first: entry 0 is the step in progress (0 until something is recorded).
   std::span<const float> amax_history(Role role) const;
   // Whether the step in progress has recorded anything.
-  bool pending() const { return pending_; }
+  bool pending() const { return pending_ || !deferred_.empty(); }
 
   // Records one quantized tensor's amax for the step in progress (the maximum with what the step has recorded).
   void record(Role role, float amax);
+  // Records an amax that `read` returns when the step ends or a history is read: a GPU step's amaxes stay on the
+  // device until then, so that the step itself never waits for the device.
+  void record_later(Role role, std::function<float()> read);
   // Ends the step: each role's scale is made from its history (the step's amax included), then the history rolls
   // by one and the new entry 0 is zero; steps() counts it. A step with a NaN or infinite amax is refused: it throws
   // naming the role and the step, and the step's amaxes are dropped (histories and scales stay as they were).
@@ -84,13 +89,17 @@ class ScalingState {
 
  private:
   static std::size_t index(Role role) { return static_cast<std::size_t>(role); }
-  float& history(Role role, int slot);
+  float& history(Role role, int slot) const;
+  void merge(Role role, float amax) const;
+  void settle() const;  // records what record_later deferred
 
   DelayedScaling recipe_;
-  std::vector<float> histories_;  // [role_count, amax_history_len]
+  // [role_count, amax_history_len]; with what follows, mutable so that reading a history can settle it first
+  mutable std::vector<float> histories_;
+  mutable std::vector<std::pair<Role, std::function<float()>>> deferred_;
   std::array<float, role_count> scales_{};
   std::int64_t steps_ = 0;
-  bool pending_ = false;
+  mutable bool pending_ = false;
 };
 
 }  // namespace tapegrad::fp8

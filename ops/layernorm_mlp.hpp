@@ -59,13 +59,17 @@ struct ClampedSwigluParams {
 };
 
 // FP8 quantization of the node's GEMM inputs (ops/fp8.hpp): each product multiplies fp8 values (h and W1, a and W2
-// forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64), its result
-// rounded to T once as without quantization. On the CPU so far.
+// forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64 on the CPU), its
+// result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, delayed or current scaling
+// (ops/layernorm_mlp_gpu_fp8.hpp); block scaling on the CPU only.
 struct Fp8Quantization {
   fp8::Recipe recipe = fp8::DelayedScaling{};
   // Delayed scaling's state, made with the same recipe; required with it, unused by the others. A forward that
   // finds amaxes recorded since the state's last update ends that step first (ScalingState::update).
   std::shared_ptr<fp8::ScalingState> state{};
+  // On a GPU, the forward's two products let the tensor cores keep fewer bits between partial sums (faster;
+  // TransformerEngine's choice for them); false sums them as the backward's, in full f32. No effect on the CPU.
+  bool fast_forward_accumulation = true;
 };
 
 // The recipe with a fresh state where it needs one (delayed scaling).

@@ -56,10 +56,11 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
 
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 
-// Hidden and ffn sizes rounded up to 16 bytes of T (ops/layernorm_mlp_gpu.hpp says why).
-template <class T> MlpDims padded_dims(const MlpDims& d) {
-  constexpr std::int64_t v = 16 / sizeof(T);
-  const auto up = [](std::int64_t n) { return (n + v - 1) / v * v; };
+// Hidden and ffn sizes rounded up to 16 bytes of T (ops/layernorm_mlp_gpu.hpp says why), with fp8 to 16 bytes of
+// fp8 codes.
+template <class T> MlpDims padded_dims(const MlpDims& d, bool fp8) {
+  const std::int64_t v = fp8 ? 16 : 16 / sizeof(T);
+  const auto up = [v](std::int64_t n) { return (n + v - 1) / v * v; };
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
 
@@ -138,7 +139,7 @@ template <class P, class T> class ParamGrad {
 // the epilogue for, on rows the epilogue can write (ffn a multiple of 8 elements).
 template <class T> bool gelu_epilogue(const DeviceMlp<T>& s) {
   return s.options.activation == Activation::gelu && s.b1.defined() && !std::is_same_v<T, double> &&
-         s.padded.ffn % 8 == 0;
+         s.padded.ffn % 8 == 0 && !s.fp8;
 }
 
 // GEMM1's results: z = h · W1 + b1 (padded), rounded to T once, and, with the GELU epilogue, a = gelu(z) computed
@@ -149,6 +150,12 @@ template <class T> struct FirstProduct {
 template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
   const auto [M, H, F, n] = s.padded;
   FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, h.device()), {}};
+  if (s.fp8) {  // a recompute's: h quantized with the step's scale
+    const Fp8Codes hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, h.data(), M, H, true, false, false);
+    s.fp8->product(hq, Fp8Layout::codes, s.w1q, Fp8Layout::transposed, M, n * F, H, dtype_v<T>, out.z.data(),
+                   data_or_null(s.b1), 0.0, true);
+    return out;
+  }
   if (!gelu_epilogue(s)) {
     product(h, false, s.w1, false, M, n * F, H, data_or_null(s.b1), 0.0, out.z.data());
     return out;
@@ -190,20 +197,57 @@ Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M
   product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
   return out.result(crops);
 }
+// The same from the transposed codes of A and B (fp8), whose inner size is M padded to 16 with zeros.
+template <class P, class T>
+Tensor<P> weight_gradient(const DeviceMlp<T>& s, const Fp8Codes& a, const Fp8Codes& b, const Shape& shape,
+                          const Shape& padded_shape, Resizes<T>* crops = nullptr) {
+  ParamGrad<P, T> out(shape, padded_shape, s.x.device());
+  s.fp8->product(a, Fp8Layout::transposed, b, Fp8Layout::transposed, a.cols, b.cols, a.transposed_ld,
+                 ParamGrad<P, T>::wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, 0.0, false);
+  return out.result(crops);
+}
+
+// A weight [shape] padded to `padded` and quantized in both layouts, from P itself where the kernels read it (as
+// the CPU quantizes it), f64 by way of f32 (which is what the CPU's quantization reads of it).
+template <class P>
+Fp8Codes quantized_weight(const DeviceMlpFp8& q, fp8::Role role, const Tensor<P>& w, const Shape& shape,
+                          const Shape& padded) {
+  using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
+  const Tensor<Q> wp = resized(cast<Q>(w).reshape(shape), padded);
+  const std::int64_t rows = padded.dim(0), cols = padded.numel() / rows;
+  return q.quantize(role, dtype_v<Q>, wp.data(), rows, cols, true, true, true);
+}
 
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
 
-// From z and dy (padded): da = dy · W2ᵀ, then the activation kernel writes dz over z and a = act(z) over da (for
-// dW2), and sums db1 from its partial rows; db1 and dW2 go into g (their crops onto `crops`). Returns dz (z's memory).
+// dW2 = aᵀ · dy from a and dy (padded; with fp8 dy's codes dyq), as P.
 template <class P, class T>
-Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const MlpNeeds& need,
-                              DeviceMlpGrads<T, P>& g, Resizes<T>& crops) {
+Tensor<P> second_weight_gradient(const DeviceMlp<T>& s, const Tensor<T>& a, const Tensor<T>& dy, const Fp8Codes& dyq,
+                                 Resizes<T>* crops = nullptr) {
+  const auto [M, H, F, n] = s.dims;
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
+  if (!s.fp8) return weight_gradient<P>(a, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp}, crops);
+  const Fp8Codes aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, false, true, false);
+  return weight_gradient<P>(s, aq, dyq, Shape{F, H}, Shape{Fp, Hp}, crops);
+}
+
+// From z and dy (padded; with fp8 dy's codes dyq): da = dy · W2ᵀ, then the activation kernel writes dz over z and
+// a = act(z) over da (for dW2), and sums db1 from its partial rows; db1 and dW2 go into g (their crops onto
+// `crops`). Returns dz (z's memory).
+template <class P, class T>
+Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const Fp8Codes& dyq,
+                              const MlpNeeds& need, DeviceMlpGrads<T, P>& g, Resizes<T>& crops) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = z.device();
   Tensor<T> da(Shape{M, Fp}, device);  // then a
-  product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
+  if (s.fp8) {
+    s.fp8->product(dyq, Fp8Layout::codes, s.w2q, Fp8Layout::codes, M, Fp, Hp, dtype_v<T>, da.data(), nullptr, 0.0,
+                   false);
+  } else {
+    product(dy, false, s.w2, true, M, Fp, Hp, nullptr, 0.0, da.data());
+  }
   std::optional<ParamGrad<P, T>> db1;
   Tensor<C> partials;
   if (need.b1) {
@@ -219,7 +263,7 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
                                 M, Fp);
   if (db1) g.db1 = db1->result(&crops);
   partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
-  if (need.w2) g.dw2 = weight_gradient<P>(da, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp}, &crops);  // da holds a
+  if (need.w2) g.dw2 = second_weight_gradient<P>(s, da, dy, dyq, &crops);  // da holds a
   return z;
 }
 
@@ -230,7 +274,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
                                       const Tensor<T>& x, const MlpParams<P>& params) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = dims;
-  s.padded = padded_dims<T>(dims);
+  s.padded = padded_dims<T>(dims, options.fp8.has_value());
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = x.device();
   s.options = options;
@@ -245,8 +289,14 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.x = pads.add(x.reshape(Shape{M, H}), Shape{M, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = pads.add(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
-  s.w2 = pads.add(cast<T>(params.w2), Shape{Fp, Hp});
+  if (options.fp8) {
+    s.fp8.emplace(*options.fp8, device);  // (delayed scaling: ends the state's previous step first)
+    s.w1q = quantized_weight(*s.fp8, fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp});
+    s.w2q = quantized_weight(*s.fp8, fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp});
+  } else {
+    s.w1 = pads.add(cast<T>(params.w1).reshape(Shape{H, n, F}), Shape{Hp, n, Fp});
+    s.w2 = pads.add(cast<T>(params.w2), Shape{Fp, Hp});
+  }
   if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
   if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
   pads.run();
@@ -254,14 +304,32 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.rstd = Tensor<C>(Shape{M}, device);
 
   const Tensor<T> hp = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
-  auto [z, a] = first_product(s, hp);
+  const bool save_h = options.recompute == Recompute::save_all;
+  Tensor<T> z, a, y(Shape{M, Hp}, device);
+  if (s.fp8) {  // h's transposed codes made in the same pass where they are kept for dW1
+    const Fp8Codes hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, hp.data(), M, Hp, true, save_h, true);
+    z = Tensor<T>(Shape{M, n * Fp}, device);
+    s.fp8->product(hq, Fp8Layout::codes, s.w1q, Fp8Layout::transposed, M, n * Fp, Hp, dtype_v<T>, z.data(),
+                   data_or_null(s.b1), 0.0, true);
+    if (save_h) s.hq = {hq.format, {}, hq.transposed, hq.rows, hq.cols, hq.transposed_ld, hq.scale_inv};
+  } else {
+    FirstProduct<T> first = first_product(s, hp);
+    z = first.z;
+    a = first.a;
+    if (save_h) s.h = hp;
+  }
   if (!a.defined()) {
     a = Tensor<T>(Shape{M, Fp}, device);
     cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(options), z.data(), a.data(), M, Fp);
   }
-  Tensor<T> y(Shape{M, Hp}, device);
-  product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
-  if (options.recompute == Recompute::save_all) s.h = hp;
+  if (s.fp8) {
+    const Fp8Codes aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, true, false, true);
+    s.fp8->product(aq, Fp8Layout::codes, s.w2q, Fp8Layout::transposed, M, Hp, Fp, dtype_v<T>, y.data(),
+                   data_or_null(s.b2), 0.0, true);
+    s.w2q.transposed.reset();  // (the backward reads W2's codes only; W1's transpose where it recomputes z)
+  } else {
+    product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
+  }
   if (options.recompute != Recompute::recompute_all) s.z = z;
   return {resized(y, Shape{M, H}), options.return_layernorm_output ? resized(hp, Shape{M, H}) : Tensor<T>()};
 }
@@ -283,22 +351,44 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   // Peak memory: every temporary is released once its last reader is queued (the pool reuses it in stream order),
   // and the saved h and z go with them. The activation's backward writes dz over z and a (recomputed, for dW2) over
   // da (each element read, then written, by the same thread), so it adds only da's memory.
-  Tensor<T> h = s.h.defined() ? s.h : norm_output(s, nullptr, nullptr);
-  Tensor<T> z = s.z.defined() ? s.z : first_product(s, h).z;
+  // h (with fp8: its transposed codes, for dW1) and z, recomputed where the policy did not keep them.
+  Tensor<T> h = s.h, z = s.z;
+  Fp8Codes hq = s.hq;
+  const bool recompute_hq = s.fp8 && !hq.transposed && need.w1;
+  if (!z.defined() || recompute_hq || (!s.fp8 && !h.defined())) {
+    const Tensor<T> hp = norm_output(s, nullptr, nullptr);
+    if (!s.fp8) h = hp;
+    if (recompute_hq) hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, hp.data(), M, Hp, false, true, false);
+    if (!z.defined()) z = first_product(s, hp).z;
+  }
   s.z = Tensor<T>();  // z's memory becomes dz below
   const Tensor<T> dyp = resized(dy, Shape{M, Hp});
+  Fp8Codes dyq;  // fp8: dy as da's product reads it and as dW2's does
+  if (s.fp8) dyq = s.fp8->quantize(fp8::Role::grad_output, dtype_v<T>, dyp.data(), M, Hp, need_dz, need.w2, true);
   if (!need_dz) {  // dW2 alone
     Tensor<T> a(Shape{M, Fp}, device);
     cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(s.options), z.data(), a.data(), M, Fp);
-    g.dw2 = weight_gradient<P>(a, dyp, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp});
+    g.dw2 = second_weight_gradient<P>(s, a, dyp, dyq);
     return g;
   }
   // The gradients that come out padded (db1, dW2, dW1, dx) are cropped together at the end, in one launch.
   Resizes<T> crops;
-  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, need, g, crops);
-  if (need.w1) g.dw1 = weight_gradient<P>(h, dz, M, Hp, n * Fp, Shape{H, n, F}, Shape{Hp, n, Fp}, &crops);
+  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, dyq, need, g, crops);
+  dyq = {};
+  Fp8Codes dzq;  // fp8: dz as dh's product reads it and as dW1's does
+  if (s.fp8) {
+    dzq = s.fp8->quantize(fp8::Role::grad_hidden, dtype_v<T>, dz.data(), M, n * Fp, need_dh, need.w1, true);
+    dz = Tensor<T>();
+  }
+  if (need.w1) {
+    const Shape shape{H, n, F}, padded_shape{Hp, n, Fp};
+    g.dw1 = s.fp8 ? weight_gradient<P>(s, hq, dzq, shape, padded_shape, &crops)
+                  : weight_gradient<P>(h, dz, M, Hp, n * Fp, shape, padded_shape, &crops);
+  }
   h = Tensor<T>();
   s.h = Tensor<T>();
+  hq = {};
+  s.hq = {};
   if (!need_dh) {
     crops.run();
     return g;
@@ -309,8 +399,14 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   if (!dh_out) dh = Tensor<T>(Shape{M, Hp}, device);
   else if (Hp == H) dh = dh_out->reshape(Shape{M, H}).clone();
   else dh = resized(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
-  product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
+  if (s.fp8) {
+    s.fp8->product(dzq, Fp8Layout::codes, s.w1q, Fp8Layout::codes, M, Hp, n * Fp, dtype_v<T>, dh.data(), nullptr,
+                   dh_out ? 1.0 : 0.0, false);
+  } else {
+    product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
+  }
   dz = Tensor<T>();
+  dzq = {};
   // dx rounds to T once (padded like x, then cropped); dγ, dβ and db2 are summed in C and rounded once to P.
   Tensor<T> dx;
   if (need.x) dx = Tensor<T>(Shape{M, Hp}, device);

@@ -22,10 +22,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layernorm_mlp_gpu_fp8.hpp"
 #include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::detail {
@@ -39,12 +41,17 @@ struct MlpNeeds {
 template <class T> struct DeviceMlp {
   LayerNormMLPOptions options;
   MlpDims dims{};
-  MlpDims padded{};  // hidden and ffn rounded up to 16 bytes of T: the sizes of the GEMMs' operands (below)
+  // hidden and ffn rounded up to 16 bytes of T (with fp8: to 16 elements): the sizes of the GEMMs' operands (below)
+  MlpDims padded{};
   cuda::NormProblem norm;
   Tensor<T> x, gamma, beta;                // x [M, H] padded (else the input's storage); γ, β in T, β maybe undefined
   Tensor<compute_t<T>> mean, rstd;         // per row; mean stays empty for rmsnorm
-  Tensor<T> w1, w2, b1, b2;                // in T, padded; a bias is undefined when absent
-  Tensor<T> h, z;                          // padded: [M, H] and [M, nF], kept by policy
+  Tensor<T> w1, w2, b1, b2;                // in T, padded; a bias is undefined when absent; with fp8 no w1, w2
+  Tensor<T> h, z;                          // padded: [M, H] and [M, nF], kept by policy; with fp8 no h
+  // With fp8: the step's quantization, W1 [H, nF] and W2 [F, H] in both layouts (padded), and by policy h's
+  // transposed codes (what dW1 reads) in place of h.
+  std::optional<DeviceMlpFp8> fp8;
+  Fp8Codes w1q, w2q, hq;
 };
 
 // The parameters as the node gets them; an absent beta or bias is null.

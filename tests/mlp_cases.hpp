@@ -57,11 +57,13 @@ template <class T, class P> LayerNormMLPOutput<T> node(const Var<T>& x, const Pa
 }
 
 // A scalar that weighs every output element differently, so that backward sees a dense random seed.
+// On y's device, with the same weights on every device.
 template <class T> Var<T> weighted_loss(const LayerNormMLPOutput<T>& out, std::uint64_t seed) {
-  Var<T> loss = sum(out.y * constant(randn<T>(out.y.shape(), seed)));
-  if (out.layernorm_output.defined()) {
-    loss = loss + sum(out.layernorm_output * constant(randn<T>(out.layernorm_output.shape(), seed + 1)));
-  }
+  const auto weighted = [&](const Var<T>& v, std::uint64_t s) {
+    return sum(v * constant(randn<T>(v.shape(), s).to(v.device())));
+  };
+  Var<T> loss = weighted(out.y, seed);
+  if (out.layernorm_output.defined()) loss = loss + weighted(out.layernorm_output, seed + 1);
   return loss;
 }
 

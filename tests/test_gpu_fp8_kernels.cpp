@@ -1,5 +1,6 @@
 // The GPU's FP8 kernels. Quantization (cuda/fp8_quantize.hpp): amax, current scaling's scales, codes and their
-// transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included.
+// transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included, and
+// for every kind of f32 value (ties, specials).
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
 // the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
@@ -8,10 +9,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <type_traits>
+#include <utility>
 
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
@@ -103,35 +106,52 @@ template <class FA, class FB, class O> void check_product(std::int64_t M, std::i
   CHECK(bad == 0);
 }
 
-// Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's.
+// Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's: the
+// amax (of fp8_amax and of the quantization's own pass), the scales, the codes and their transpose (its rows padded
+// to a multiple of 16 with zero codes).
 template <class F, class T> void check_quantization(const Tensor<T>& x) {
   INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape());
-  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = (rows + 15) / 16 * 16;
   const float amax = detail::amax_of(x);
   const float scale = fp8::current_scale(amax, fp8::max_value<F::format>());
   const Tensor<T> x_gpu = x.to(gpu);
-  Tensor<float> amax_gpu = zeros<float>({1}).to(gpu), scales_gpu(Shape{2}, gpu);
-  Tensor<F> codes_gpu(Shape{rows, cols}, gpu), transposed_gpu(Shape{cols, rows}, gpu);
+  Tensor<float> amax_gpu = zeros<float>({2}).to(gpu), scales_gpu(Shape{2}, gpu);
+  Tensor<F> codes_gpu(Shape{rows, cols}, gpu), transposed_gpu(Shape{cols, ld}, gpu);
   cuda::fp8_amax(dtype_v<T>, x_gpu.data(), x.numel(), amax_gpu.data(), 0);
   cuda::fp8_current_scale(amax_gpu.data(), dtype_v<F>, scales_gpu.data(), scales_gpu.data() + 1, 0);
-  cuda::fp8_quantize(dtype_v<T>, x_gpu.data(), rows, cols, dtype_v<F>, scales_gpu.data(), codes_gpu.data(),
-                     transposed_gpu.data(), 0);
-  CHECK(amax_gpu.to(host).flat(0) == amax);
+  cuda::fp8_quantize({.dtype = dtype_v<T>,
+                      .x = x_gpu.data(),
+                      .rows = rows,
+                      .cols = cols,
+                      .format = dtype_v<F>,
+                      .scale = scales_gpu.data(),
+                      .codes = codes_gpu.data(),
+                      .transposed = transposed_gpu.data(),
+                      .transposed_ld = ld,
+                      .amax = amax_gpu.data() + 1},
+                     0);
+  const Tensor<float> amaxes = amax_gpu.to(host);
+  CHECK(amaxes.flat(0) == amax);
+  CHECK(amaxes.flat(1) == amax);
   const Tensor<float> scales = scales_gpu.to(host);
   CHECK(scales.flat(0) == scale);
   CHECK(scales.flat(1) == 1.0f / scale);
   const Tensor<F> codes = codes_gpu.to(host), transposed = transposed_gpu.to(host);
-  std::int64_t bad = 0, bad_transposed = 0;
+  std::int64_t bad = 0, bad_transposed = 0, bad_padding = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const float scaled = convert<float>(x.flat(r * cols + c)) * scale;
       const std::uint8_t want = fp8::from_double<F::format>(static_cast<double>(scaled));
       bad += codes.flat(r * cols + c).bits != want;
-      bad_transposed += transposed.flat(c * rows + r).bits != want;
+      bad_transposed += transposed.flat(c * ld + r).bits != want;
     }
+  }
+  for (std::int64_t c = 0; c < cols; ++c) {
+    for (std::int64_t r = rows; r < ld; ++r) bad_padding += transposed.flat(c * ld + r).bits != 0;
   }
   CHECK(bad == 0);
   CHECK(bad_transposed == 0);
+  CHECK(bad_padding == 0);
 }
 
 }  // namespace
@@ -139,7 +159,9 @@ template <class F, class T> void check_quantization(const Tensor<T>& x) {
 TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and transposed codes") {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
-  for (const Shape& shape : {Shape{1, 1}, Shape{37, 70}, Shape{256, 160}, Shape{33, 1}, Shape{1, 300}}) {
+  // Whole runs of 8 (cols a multiple of 8) and single elements; tiles cut short in rows and columns.
+  for (const Shape& shape : {Shape{1, 1}, Shape{37, 70}, Shape{256, 160}, Shape{33, 1}, Shape{1, 300}, Shape{40, 136},
+                             Shape{200, 8}}) {
     Tensor<float> x = randn<float>(shape, seed, 0.0, 2.0);
     x.flat(0) = 0.0f;
     Tensor<float> spread = x.clone();  // values far below the scaled range: fp8's subnormals and zero
@@ -155,15 +177,54 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
   const Tensor<float> x = randn<float>({8, 8}, seed, 0.0, 100.0);
   const Tensor<float> x_gpu = x.to(gpu), scale = full<float>({1}, 16.0).to(gpu);
   Tensor<f8e4m3> codes_gpu(Shape{8, 8}, gpu);
-  cuda::fp8_quantize(DType::f32, x_gpu.data(), 8, 8, DType::f8e4m3, scale.data(), codes_gpu.data(), nullptr, 0);
+  cuda::fp8_quantize({.x = x_gpu.data(), .rows = 8, .cols = 8, .scale = scale.data(), .codes = codes_gpu.data()}, 0);
   const Tensor<f8e4m3> codes = codes_gpu.to(host);
   for (std::int64_t i = 0; i < 64; ++i) {
     CHECK(codes.flat(i).bits == fp8::from_double<fp8::Format::e4m3>(static_cast<double>(x.flat(i) * 16.0f)));
   }
-  CHECK_THROWS_WITH_AS(cuda::fp8_quantize(DType::f64, x.data(), 8, 8, DType::f8e4m3, nullptr, nullptr, nullptr, 0),
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize({.dtype = DType::f64, .x = x.data(), .rows = 8, .cols = 8}, 0),
                        doctest::Contains("fp8_quantize: quantizes f32, bf16 or f16, not f64"), Error);
-  CHECK_THROWS_WITH_AS(cuda::fp8_quantize(DType::f32, x.data(), 8, 8, DType::bf16, nullptr, nullptr, nullptr, 0),
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize({.x = x.data(), .rows = 8, .cols = 8, .format = DType::bf16}, 0),
                        doctest::Contains("the format must be f8e4m3 or f8e5m2, got bf16"), Error);
+}
+
+TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
+  // Random bit patterns (every exponent: normals, subnormals of f32 and of fp8, values that saturate), the values
+  // halfway between neighbouring codes (ties) and next to them, ±0, ±infinity and NaNs; scale 1.
+  std::mt19937 bits(std::random_device{}());
+  Tensor<float> x({1024, 256});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.flat(i) = std::bit_cast<float>(static_cast<std::uint32_t>(bits()));
+  std::int64_t at = 0;
+  for (float special : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 448.0f, 464.0f, 480.0f, 57344.0f, 61440.0f}) {
+    x.flat(at++) = special;
+  }
+  const auto halfway = [](auto to_float, int code) { return (to_float(code) + to_float(code + 1)) / 2; };
+  for (int code = 0; code < 127; ++code) {  // e4m3's and e5m2's halfway points and their neighbours
+    for (const float mid : {halfway(fp8::to_float<fp8::Format::e4m3>, code),
+                            halfway(fp8::to_float<fp8::Format::e5m2>, code)}) {
+      for (const float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) {
+        x.flat(at++) = v;
+        x.flat(at++) = -v;
+      }
+    }
+  }
+  const Tensor<float> x_gpu = x.to(gpu), one = full<float>({1}, 1.0).to(gpu);
+  Tensor<f8e4m3> e4m3_gpu(x.shape(), gpu);
+  Tensor<f8e5m2> e5m2_gpu(x.shape(), gpu);
+  for (auto [format, codes] : {std::pair<DType, void*>{DType::f8e4m3, e4m3_gpu.data()},
+                               std::pair<DType, void*>{DType::f8e5m2, e5m2_gpu.data()}}) {
+    cuda::fp8_quantize({.x = x_gpu.data(), .rows = 1024, .cols = 256, .format = format, .scale = one.data(),
+                        .codes = codes},
+                       0);
+  }
+  const Tensor<f8e4m3> e4m3 = e4m3_gpu.to(host);
+  const Tensor<f8e5m2> e5m2 = e5m2_gpu.to(host);
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    bad += e4m3.flat(i).bits != fp8::from_double<fp8::Format::e4m3>(x.flat(i));
+    bad += e5m2.flat(i).bits != fp8::from_double<fp8::Format::e5m2>(x.flat(i));
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "mlp_cases.hpp"
+#include "fp8_mlp_cases.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 
@@ -40,39 +40,6 @@ const double reference_gradient_bound = 0.05;
 // of h, a and the gradients into whole fp8 steps on the elements it moves across a rounding boundary.
 const double forward_bound = 0.12;
 const double gradient_bound = 0.35;
-
-struct NamedRecipe {
-  std::string name;
-  fp8::Recipe recipe;
-};
-const std::vector<NamedRecipe> recipes{
-    {"delayed", fp8::DelayedScaling{.amax_history_len = 4}},
-    {"delayed most_recent e4m3", fp8::DelayedScaling{.margin = 1, .format = fp8::Formats::e4m3,
-                                                     .amax_history_len = 2,
-                                                     .amax_compute = fp8::AmaxCompute::most_recent}},
-    {"current", fp8::CurrentScaling{}},
-    {"block", fp8::BlockScaling{}},
-};
-
-template <class T, class P> struct Step {
-  Tensor<T> y;
-  std::vector<Tensor<P>> grads;  // x's, then each defined parameter's
-};
-
-// One forward and backward of the node through weighted_loss; the gradients are taken and cleared.
-template <class T, class P>
-Step<T, P> step(const Tensor<T>& xv, const Params<P>& p, const LayerNormMLPOptions& o, std::uint64_t seed) {
-  const Var<T> x = param(xv);
-  const auto out = node(x, p, o);
-  backward(weighted_loss(out, seed));
-  Step<T, P> s{out.y.value(), {}};
-  s.grads.push_back(cast<P>(x.grad()));
-  for (auto v : defined_params(p)) {
-    s.grads.push_back(v.grad());
-    v.zero_grad();
-  }
-  return s;
-}
 
 // Leaf parameters in To with p's values.
 template <class To, class From> Params<To> cast_params(const Params<From>& p) {
@@ -130,7 +97,7 @@ TEST_CASE("the fp8 node follows its f64 reference within TransformerEngine's tol
   CAPTURE(seed);
   // H 160: block scaling's 1×128 tiles end short in each row, and 128×128 blocks in W1 and W2.
   const Tensor<double> xd = randn<double>({3, 7, 160}, seed, 0.2, 1.0);
-  for (const NamedRecipe& r : recipes) {
+  for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);
     for (Activation act : all_activations) {
       for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
@@ -176,26 +143,11 @@ TEST_CASE_TEMPLATE("the fp8 node's gradients are bitwise the same under every po
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
   const Tensor<T> x = randn<T>({2, 9, 136}, seed, 0.1, 1.0);
-  for (const NamedRecipe& r : recipes) {
+  for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);
     for (Activation act : {Activation::gelu, Activation::swiglu}) {
-      Case c{.options = {.activation = act}};
-      const Params<T> p = make_params<T>(c, 136, 40, seed + 1);
-      std::vector<Step<T, T>> runs;
-      for (Recompute policy : all_policies) {
-        for (int run = 0; run < 2; ++run) {
-          LayerNormMLPOptions o = c.options;
-          o.recompute = policy;
-          o.fp8 = fp8_quantization(r.recipe);  // the same fresh state for each: the same scales
-          runs.push_back(step(x, p, o, seed + 2));
-        }
-      }
-      for (const auto& other : runs) {
-        CHECK(test::bitwise_equal(other.y, runs.front().y));
-        for (std::size_t i = 0; i < other.grads.size(); ++i) {
-          CHECK(test::bitwise_equal(other.grads[i], runs.front().grads[i]));
-        }
-      }
+      const Case c{.options = {.activation = act}};
+      check_bitwise_across_policies(x, make_params<T>(c, 136, 40, seed + 1), c, r, seed + 2);
     }
   }
 }
@@ -339,7 +291,7 @@ TEST_CASE("training with each recipe ends within 10 % of the bf16 run's loss") {
   };
   const double reference = train(std::nullopt);
   CAPTURE(reference);
-  for (const NamedRecipe& r : recipes) {
+  for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);
     const double loss = train(fp8_quantization(r.recipe));
     CHECK(loss < 1.1 * reference);

@@ -1,0 +1,64 @@
+// layernorm_mlp's FP8 quantization on the GPU: the CPU's recipes (ops/layernorm_mlp_fp8.hpp) with the quantized
+// tensors kept as fp8 codes on the device and multiplied by cuBLASLt's FP8 kernels. Internal: included by
+// ops/layernorm_mlp_gpu*.cpp only.
+//
+// A step's scales live on the device, per role: delayed scaling's come from its state when the step starts; current
+// scaling makes each from the tensor's amax there (no wait for the device). Delayed scaling's amaxes are taken by the
+// quantization's own pass and reach the state when the step ends (ScalingState::record_later). Hopper's FP8 kernels
+// read both operands along the inner dimension, so a tensor that one product sums over its columns and another over
+// its rows is written twice by one pass: its codes and their transpose (TransformerEngine's cast + transpose).
+// Delayed and current scaling; block scaling runs on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/tensor/storage.hpp"
+#include "tapegrad/tensor/tensor.hpp"
+
+namespace tapegrad::detail {
+
+// The fp8 codes of one [rows, cols] row-major matrix on the device, its transpose [cols, transposed_ld] (zero past
+// `rows`), or both, and the dequantization scale its role has in the step.
+struct Fp8Codes {
+  DType format = DType::f8e4m3;
+  std::shared_ptr<Storage> codes, transposed;
+  std::int64_t rows = 0, cols = 0, transposed_ld = 0;
+  const float* scale_inv = nullptr;
+};
+
+// Which of an input's two layouts a product reads.
+enum class Fp8Layout : bool { codes, transposed };
+
+class DeviceMlpFp8 {
+ public:
+  // Starts the node's step on `device` (delayed scaling first ends the state's previous one), for a recipe and x's
+  // dtype that check_fp8_on_device (ops/layernorm_mlp_check.hpp) has let through.
+  DeviceMlpFp8(const Fp8Quantization& q, Device device);
+
+  // x [rows, cols] (f32, bf16 or f16 on the device) quantized for `role`, in the layouts asked for. The step's first
+  // quantization of a tensor (`first`) makes the role's scale from its amax (current scaling) or records its amax
+  // (delayed scaling); a later one (the backward's, a recompute's) uses the scale the step has.
+  Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, bool codes,
+                    bool transposed, bool first) const;
+
+  // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless
+  // null) where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with
+  // fewer bits between partial sums where the quantization's fast_forward_accumulation asks for it).
+  void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
+               std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
+               bool forward) const;
+
+ private:
+  float* slot(fp8::Role role, int field) const;
+
+  Fp8Quantization q_;
+  Device device_;
+  Tensor<float> scalars_;  // [role_count, 4]: scale_inv (16-byte aligned, as cuBLASLt reads it), scale, amax, unused
+  // Delayed scaling: the host's copy of scalars_ that the amaxes recorded since the last copy share: the state's
+  // step end reads the device once, not once per amax.
+  mutable std::shared_ptr<Tensor<float>> host_scalars_;
+};
+
+}  // namespace tapegrad::detail

@@ -1,0 +1,183 @@
+// layernorm_mlp with FP8 quantization on the GPU against the CPU's fp8 node (its reference, tests/
+// test_layernorm_mlp_fp8.cpp), on the same inputs in the same dtype: every activation × norm × biases × recompute
+// policy × recipe (delayed, delayed most_recent in e4m3 with a margin, current), x in f32 and bf16, f32 parameters
+// under bf16 compute, sizes that need padding (H 24 and 13, ffn 40 and 37, 21 rows); delayed scaling's state after
+// several steps; bitwise the same on a second run and under every policy; what the GPU refuses.
+//
+// Both sides quantize with the same scales and round where the other does; they differ in the sums: the FP8 tensor
+// cores add their products with fewer bits than f32 between promotions (measured: the amaxes of a and dz, maxima of
+// GEMM results, 1e-4 apart in f32), so a value next to a rounding boundary of fp8 can be quantized one step apart,
+// and one step of e4m3 is 1/16, of e5m2 1/4 (in these small blocks one step of a moves y by ~0.2 %). In bf16 every
+// z, a, da and dz is also rounded to bf16 first: a sum 1e-4 apart changes a few % of them by one bf16 step, and a
+// bf16 step at an fp8 rounding boundary (bf16 holds those boundaries exactly) moves the code. The results are held
+// to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases:
+// f32 y 1.1 %, gradients 1.8 %; bf16 y 4.4 %, gradients 5.6 %), and a wrong operand, layout or scale far above
+// (errors of order 1). The comparisons run the forward's products without fast accumulation
+// (fast_forward_accumulation off), and again with it, in f32 on the larger block (measured 0.6 % and 0.8 %).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8_mlp_cases.hpp"
+#include "gpu_reference.hpp"
+
+using namespace tapegrad;
+using namespace tapegrad::mlp_test;
+using test::gpu;
+
+namespace {
+
+// Bounds on ‖gpu - cpu‖ / ‖cpu‖ (see above).
+template <class T> double bound() { return std::is_same_v<T, float> ? 0.04 : 0.12; }
+
+template <class P> Params<P> on(const Params<P>& p, Device device) {
+  auto leaf = [&](const Var<P>& v) { return v.defined() ? param(v.value().to(device)) : Var<P>(); };
+  return {leaf(p.gamma), leaf(p.beta), leaf(p.w1), leaf(p.b1), leaf(p.w2), leaf(p.b2)};
+}
+
+struct Worst {
+  double y = 0, grad = 0;
+};
+
+template <class T, class P>
+void check_close(const Step<T, P>& got, const Step<T, P>& want, double limit, Worst& worst) {
+  const double ey = test::relative_error(got.y, cast<double>(want.y));
+  CHECK(ey <= limit);
+  worst.y = std::max(worst.y, ey);
+  for (std::size_t i = 0; i < want.grads.size(); ++i) {
+    CAPTURE(i);
+    const double e = test::relative_error(got.grads[i], cast<double>(want.grads[i]));
+    CHECK(e <= limit);
+    worst.grad = std::max(worst.grad, e);
+  }
+}
+
+// The GPU node against the CPU's for one case, over two steps (delayed scaling's second uses the first's amaxes).
+template <class T, class P>
+void check_case(const Case& c, const Shape& x_shape, std::int64_t F, const NamedRecipe& r, std::uint64_t seed,
+                Worst& worst, bool fast_accumulation = false) {
+  const Tensor<T> x = randn<T>(x_shape, seed, 0.2, 1.0);
+  const Params<P> cpu_params = make_params<P>(c, x_shape.dim(-1), F, seed + 1);
+  const Params<P> gpu_params = on(cpu_params, gpu);
+  LayerNormMLPOptions cpu_options = c.options, gpu_options = c.options;
+  cpu_options.fp8 = fp8_quantization(r.recipe);
+  gpu_options.fp8 = fp8_quantization(r.recipe);
+  gpu_options.fp8->fast_forward_accumulation = fast_accumulation;
+  for (int k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    const auto want = step(x, cpu_params, cpu_options, seed + 2 + k);
+    const auto got = step(x.to(gpu), gpu_params, gpu_options, seed + 2 + k);
+    check_close(got, want, bound<T>(), worst);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the fp8 node on the GPU follows the CPU's fp8 node in every option and recipe") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  Worst worst_f32, worst_bf16;
+  for (const NamedRecipe& r : fp8_recipes) {
+    if (!runs_on_gpu(r)) continue;
+    CAPTURE(r.name);
+    for_each_case([&](Case c) {
+      c.options.return_layernorm_output = c.options.recompute == Recompute::recompute_norm;
+      c.options.clamped_swiglu.limit = 1.0;  // (its clamps bite for z of unit size)
+      check_case<float, float>(c, Shape{3, 7, 24}, 40, r, seed, worst_f32);
+      check_case<bf16, bf16>(c, Shape{21, 13}, 37, r, seed + 100, worst_bf16);
+    });
+  }
+  MESSAGE("largest relative errors, f32: y ", worst_f32.y, ", gradients ", worst_f32.grad, "; bf16: y ",
+          worst_bf16.y, ", gradients ", worst_bf16.grad);
+}
+
+TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and on a larger block") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  Worst worst, fast;
+  for (const NamedRecipe& r : fp8_recipes) {
+    if (!runs_on_gpu(r)) continue;
+    CAPTURE(r.name);
+    for (Activation act : {Activation::gelu, Activation::swiglu}) {
+      Case c{.options = {.norm = act == Activation::gelu ? NormType::layernorm : NormType::rmsnorm,
+                         .activation = act}};
+      check_case<bf16, float>(c, Shape{21, 40}, 56, r, seed, worst);
+      check_case<bf16, bf16>(c, Shape{300, 256}, 512, r, seed + 1, worst);
+      check_case<float, float>(c, Shape{300, 256}, 512, r, seed + 2, fast, true);
+    }
+  }
+  MESSAGE("largest relative errors: y ", worst.y, ", gradients ", worst.grad, "; f32 with fast accumulation: y ",
+          fast.y, ", gradients ", fast.grad);
+}
+
+TEST_CASE("delayed scaling's state after GPU steps is the CPU's") {
+  // Both sides record the same tensors' amaxes. W1, W2 and dy are the same values on both: their amaxes and the
+  // scales made from them are bitwise equal. h, a and dz come out of sums taken in another way (the norm's, the FP8
+  // GEMMs'; see above): equal to 1e-3.
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Case c{.options = {.activation = Activation::swiglu}};
+  const Tensor<float> x = randn<float>({4, 8, 48}, seed, 0.2, 1.0);
+  const Params<float> cpu_params = make_params<float>(c, 48, 64, seed + 1);
+  const Params<float> gpu_params = on(cpu_params, gpu);
+  const fp8::DelayedScaling recipe{.amax_history_len = 3};
+  LayerNormMLPOptions cpu_options = c.options, gpu_options = c.options;
+  cpu_options.fp8 = fp8_quantization(recipe);
+  gpu_options.fp8 = fp8_quantization(recipe);
+  gpu_options.fp8->fast_forward_accumulation = false;
+  for (int k = 0; k < 5; ++k) {
+    step(x, cpu_params, cpu_options, seed + 2 + k);
+    step(x.to(gpu), gpu_params, gpu_options, seed + 2 + k);
+  }
+  const fp8::ScalingState &cpu_state = *cpu_options.fp8->state, &gpu_state = *gpu_options.fp8->state;
+  gpu_state.amax_history(fp8::Role::input);  // (reads what the GPU's last step recorded)
+  CHECK(gpu_state.pending() == cpu_state.pending());
+  CHECK(gpu_state.steps() == cpu_state.steps());
+  for (fp8::Role role : fp8::roles) {
+    CAPTURE(fp8::role_name(role));
+    const bool same_values = role == fp8::Role::kernel1 || role == fp8::Role::kernel2 || role == fp8::Role::grad_output;
+    const auto want = cpu_state.amax_history(role), got = gpu_state.amax_history(role);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      if (same_values) CHECK(got[i] == want[i]);
+      else CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-3));
+    }
+    if (same_values) CHECK(gpu_state.scale(role) == cpu_state.scale(role));
+    else CHECK(gpu_state.scale(role) == doctest::Approx(cpu_state.scale(role)).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second run and under every policy") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Tensor<bf16> x = randn<bf16>({2, 9, 136}, seed, 0.1, 1.0).to(gpu);
+  for (const NamedRecipe& r : fp8_recipes) {
+    if (!runs_on_gpu(r)) continue;
+    CAPTURE(r.name);
+    for (Activation act : {Activation::gelu, Activation::swiglu}) {
+      const Case c{.options = {.activation = act}};
+      check_bitwise_across_policies(x, on(make_params<bf16>(c, 136, 40, seed + 1), gpu), c, r, seed + 2);
+    }
+  }
+}
+
+TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {
+  const Case c{};
+  const Params<double> pd = on(make_params<double>(c, 16, 16, 1), gpu);
+  LayerNormMLPOptions o = c.options;
+  o.fp8 = fp8_quantization(fp8::CurrentScaling{});
+  CHECK_THROWS_WITH_AS(node(param(randn<double>({4, 16}, 2).to(gpu)), pd, o),
+                       doctest::Contains("fp8 on a GPU computes in f32, bf16 or f16"), Error);
+  const Params<float> pf = on(make_params<float>(c, 16, 16, 1), gpu);
+  o.fp8 = fp8_quantization(fp8::BlockScaling{});
+  CHECK_THROWS_WITH_AS(node(param(randn<float>({4, 16}, 2).to(gpu)), pf, o),
+                       doctest::Contains("fp8 block scaling runs on the CPU only"), Error);
+  // The tape is still usable.
+  o.fp8 = fp8_quantization(fp8::CurrentScaling{});
+  const Var<float> x = param(randn<float>({4, 16}, 3).to(gpu));
+  backward(sum(node(x, pf, o).y));
+  CHECK(x.grad().defined());
+}
