@@ -2,7 +2,7 @@
 """The layernorm_mlp node against its peers on one GPU: a markdown table (stdout) and, with --png, a chart.
 
 usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer JSON lines>... [--png F]
-                              [--gemm autotuned|heuristic]
+                              [--fp8-png F] [--gemm autotuned|heuristic]
 
 Both files come from the same run on the same GPU (issue 5's rule); the peer lines are peer_bench.py's, followed by
 peer_jax_with_y.py's where it ran. The peers time forward + backward of the same block; the table sets tapegrad's
@@ -13,7 +13,8 @@ extra memory against PyTorch eager's. --gemm picks which of tapegrad's runs
 
 Where tapegrad's lines include fp8 runs ("precision" other than bf16; lines without the field are bf16), a second
 table sets each recipe's step beside tapegrad's bf16 step, the six FP8 GEMMs alone (fp8_gemm_floor.py's
-"gemms_fp8") and PyTorch eager with FP8 GEMMs (peer_torch_fp8.py's "torch_fp8_eager"), from the peer files given.
+"gemms_fp8") and PyTorch eager with FP8 GEMMs (peer_torch_fp8.py's "torch_fp8_eager"), from the peer files given;
+--fp8-png charts each as a fraction of tapegrad's bf16 step.
 """
 import json
 import sys
@@ -32,7 +33,7 @@ def mib(x):
 
 
 def main(argv):
-    options = {"--png": None, "--gemm": "autotuned"}
+    options = {"--png": None, "--fp8-png": None, "--gemm": "autotuned"}
     for flag in options:
         if flag in argv:
             i = argv.index(flag)
@@ -74,6 +75,8 @@ def main(argv):
         print("| " + " | ".join(cells) + " |")
 
     fp8_table(runs, peer_ms)
+    if options["--fp8-png"]:
+        fp8_chart(runs, peer_ms, options["--fp8-png"])
 
     if png:
         import matplotlib
@@ -138,6 +141,30 @@ def fp8_table(runs, peer_ms):
             mibs.append(f"{mib(r['peak_extra_mib'])} ({ratio:.2f})" if r else "—")
         cells.append(" / ".join(mibs))
         print("| " + " | ".join(cells) + " |")
+
+
+def fp8_chart(runs, peer_ms, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    step = {(r["config"], r.get("precision", "bf16")): r["median_ms"] for r in runs if r["mode"] == "forward_backward"}
+    configs = [c for (c, p) in step if p == "bf16"]
+    recipes = sorted({p for (_, p) in step if p != "bf16"})
+    bars = [(f"tapegrad {p}", lambda c, p=p: step.get((c, p))) for p in recipes]
+    bars += [(name, lambda c, s=system: peer_ms.get((c, s), {}).get("median_ms"))
+             for name, system in (("six fp8 GEMMs (torch)", "gemms_fp8"), ("PyTorch eager fp8", "torch_fp8_eager"))]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(bars)
+    for k, (name, ms) in enumerate(bars):
+        ax.bar([i + k * width for i in range(len(configs))],
+               [(ms(c) or 0) / step[(c, "bf16")] for c in configs], width, label=name)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(configs))], configs)
+    ax.set_ylabel("forward + backward time / tapegrad bf16")
+    ax.set_title("layernorm_mlp in fp8, one GPU (lower is faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
 
 
 if __name__ == "__main__":

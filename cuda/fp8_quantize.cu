@@ -1,17 +1,13 @@
-// FP8 quantization kernels (see fp8_quantize.hpp). A code is the hardware's conversion of the f32 product x · scale
-// (round to nearest even, saturating to the largest finite value: tensor/core/fp8.hpp's from_double of the same
-// f32, the CPU's; a NaN gives nan_code as there). The quantization works on tiles of 64 × 64 elements: each thread
+// FP8 quantization kernels (see fp8_quantize.hpp). A code is to_fp8 (cuda/fp8_codes.cuh) of the f32 product
+// x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread
 // converts runs of 8 elements of a row (16- or 32-byte loads, an 8-byte store of codes), the tile's codes go through
 // shared memory, and runs of 8 codes down a column are written as 8 bytes of the transpose.
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
+#include "tapegrad/cuda/fp8_codes.cuh"
 #include "tapegrad/tensor/core/error.hpp"
-#include "tapegrad/tensor/core/fp8.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
 
 namespace tapegrad::cuda {
 
@@ -21,24 +17,6 @@ constexpr int tile = 64;
 constexpr int run = 8;  // elements a thread converts together
 constexpr int quantize_threads = 256;
 constexpr int runs_per_tile = tile * tile / run;
-
-// Merges each thread's m (the bits of an |x|) into *amax_bits: a warp's maximum, then the block's, one atomic per
-// block. Called by every thread of the block.
-__device__ void merge_amax(unsigned int m, unsigned int* amax_bits) {
-  m = __reduce_max_sync(0xffffffffu, m);
-  __shared__ unsigned int warps[32];
-  const unsigned threads = blockDim.x * blockDim.y, thread = threadIdx.y * blockDim.x + threadIdx.x;
-  const unsigned lane = thread % 32, warp = thread / 32;
-  if (lane == 0) warps[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < threads / 32 ? warps[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) atomicMax(amax_bits, m);
-  }
-}
-
-template <class S> __device__ unsigned int abs_bits(S v) { return __float_as_uint(fabsf(to_compute<float>(v))); }
 
 template <class S> __global__ void amax_kernel(const S* x, std::int64_t n, unsigned int* amax_bits) {
   unsigned int m = 0;
@@ -53,11 +31,6 @@ __global__ void current_scale_kernel(const float* amax, float max, float* scale,
   const float s = fp8::current_scale(*amax, max);
   *scale = s;
   *scale_inv = 1.0f / s;
-}
-
-template <fp8::Format F> __device__ std::uint8_t to_fp8(float v) {
-  if (v != v) return fp8::nan_code;
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == fp8::Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
 // x[at .. at + run) as f32, from one or two 16-byte loads.

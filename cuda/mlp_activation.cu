@@ -8,6 +8,7 @@
 // row; sum_partials adds the partial rows in a fixed order: db1 is bitwise the same on every run and for either V.
 #include "tapegrad/cuda/mlp_activation.hpp"
 
+#include "tapegrad/cuda/fp8_codes.cuh"
 #include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/cuda/rows.cuh"
 #include "tapegrad/tensor/core/activation_math.hpp"
@@ -93,9 +94,13 @@ std::int64_t chunks(std::int64_t rows, std::int64_t F) {
 template <class S> struct Buffers {
   const S* z;
   const S* da;               // backward only
-  S* a;                      // forward; backward where not null (may be da: its loads come first)
+  S* a;                      // forward (unless codes); backward where not null (may be da: its loads come first)
   S* dz;                     // backward only
   compute_of<S>* partials;   // backward; null: no bias gradient
+  // Forward, where codes is not null: a's e4m3 codes in place of a, with the scale and the amax (if not null).
+  std::uint8_t* codes = nullptr;
+  const float* scale = nullptr;
+  unsigned int* amax_bits = nullptr;
 };
 
 // The loads of R rows of a thread's columns: z (both halves for gated activations) and, backward, da.
@@ -125,8 +130,11 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
   using C = compute_of<S>;
   const int width = width_of<Fixed>(act);
   const std::int64_t col = (blockIdx.x * std::int64_t{threads} + threadIdx.x) * V;
-  if (col >= F) return;
-  const std::int64_t first = blockIdx.y * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
+  // Threads past F take no rows (but join the block's amax).
+  const std::int64_t first = blockIdx.y * chunk_rows;
+  const std::int64_t last = col >= F ? first : (first + chunk_rows < rows ? first + chunk_rows : rows);
+  const float scale = !Backward && b.codes ? *b.scale : 0.0f;
+  unsigned int amax = 0;
   constexpr int R = rows_in_flight;
   C sum0[V] = {}, sum1[V] = {};
   RowLoads<S, V, R, Backward> now, next;
@@ -158,7 +166,17 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
         }
         a.v[v] = from_compute<S>(value);
       }
-      if (!Backward || b.a) store_streaming(reinterpret_cast<Pack<S, V>*>(b.a + r * F + col), a);
+      if (!Backward && b.codes) {
+        Pack<std::uint8_t, V> codes;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          amax = max(amax, abs_bits(a.v[v]));
+          codes.v[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(a.v[v]) * scale);
+        }
+        *reinterpret_cast<Pack<std::uint8_t, V>*>(b.codes + r * F + col) = codes;
+      } else if (!Backward || b.a) {
+        store_streaming(reinterpret_cast<Pack<S, V>*>(b.a + r * F + col), a);
+      }
       if constexpr (Backward) {
         S* dz = b.dz + r * width * F + col;
         store_streaming(reinterpret_cast<Pack<S, V>*>(dz), dz0);
@@ -167,8 +185,11 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
     }
     now = next;
   }
+  if constexpr (!Backward) {
+    if (b.amax_bits) merge_amax(amax, b.amax_bits);  // (the same for every thread of the block)
+  }
   if constexpr (Backward) {
-    if (b.partials) {
+    if (b.partials && col < F) {
       C* partial = b.partials + blockIdx.y * width * F + col;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
@@ -185,7 +206,7 @@ void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b
   if (rows * F == 0) return;
   Launch launch(device);
   constexpr int wide = rows::wide_pack<S>;
-  const bool packs = rows::packs_fit<S>(F, {b.z, b.da, b.a, b.dz});
+  const bool packs = rows::packs_fit<S>(F, {b.z, b.da, b.a, b.dz, b.codes});
   const std::int64_t per_block = std::int64_t{threads} * (packs ? wide : 1);
   const dim3 grid(static_cast<unsigned>((F + per_block - 1) / per_block), static_cast<unsigned>(chunks(rows, F)));
   const std::int64_t per_chunk = chunk_rows(rows, F);
@@ -205,11 +226,18 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 }
 
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F) {
+                            std::int64_t rows, std::int64_t F, const MlpActivationCodes* codes) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
     using S = decltype(tag);
-    launch_activation<S, false>(device, act, {static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr},
-                                rows, F);
+    Buffers<S> b{static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr};
+    if (codes) {
+      check(sizeof(S) <= 4, "layernorm_mlp", "fp8 codes of the activation are made from f32, bf16 or f16, not ",
+            dtype_name(dtype));
+      b.codes = static_cast<std::uint8_t*>(codes->codes);
+      b.scale = codes->scale;
+      b.amax_bits = reinterpret_cast<unsigned int*>(codes->amax);
+    }
+    launch_activation<S, false>(device, act, b, rows, F);
   });
 }
 

@@ -10,9 +10,18 @@
 
 namespace tapegrad::cuda {
 
-// z [rows, width·F] → a [rows, F].
+// a's fp8 codes, written by the forward in place of a: code = fp8(a · *scale) in f8e4m3 (the activation's format
+// in every recipe), a rounded to the dtype first, bitwise what fp8_quantize makes of that a; and, where amax is
+// given, *amax = max(*amax, max |a|) as fp8_amax computes it.
+struct MlpActivationCodes {
+  void* codes = nullptr;  // [rows, F]
+  const float* scale = nullptr;
+  float* amax = nullptr;
+};
+
+// z [rows, width·F] → a [rows, F], or its fp8 codes where `codes` is given (a is then not written and may be null).
 void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F);
+                            std::int64_t rows, std::int64_t F, const MlpActivationCodes* codes = nullptr);
 
 struct MlpActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)

@@ -318,12 +318,18 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
     a = first.a;
     if (save_h) s.h = hp;
   }
-  if (!a.defined()) {
+  Fp8Codes aq;
+  if (s.fp8 && s.fp8->scales_ahead()) {  // the activation kernel writes a's codes
+    const DeviceMlpFp8::Target t = s.fp8->target(fp8::Role::activation, M, Fp, true);
+    const cuda::MlpActivationCodes codes{t.codes.codes->data(), t.scale, t.amax};
+    cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(options), z.data(), nullptr, M, Fp, &codes);
+    aq = t.codes;
+  } else if (!a.defined()) {
     a = Tensor<T>(Shape{M, Fp}, device);
     cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(options), z.data(), a.data(), M, Fp);
   }
   if (s.fp8) {
-    const Fp8Codes aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, true, false, true);
+    if (!aq.codes) aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, true, false, true);
     s.fp8->product(aq, Fp8Layout::codes, s.w2q, Fp8Layout::transposed, M, Hp, Fp, dtype_v<T>, y.data(),
                    data_or_null(s.b2), 0.0, true);
     s.w2q.transposed.reset();  // (the backward reads W2's codes only; W1's transpose where it recomputes z)

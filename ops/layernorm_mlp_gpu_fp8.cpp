@@ -48,10 +48,9 @@ float* DeviceMlpFp8::slot(fp8::Role role, int field) const {
   return const_cast<float*>(scalars_.data()) + static_cast<std::int64_t>(role) * fields + field;
 }
 
-Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
-                                bool codes, bool transposed, bool first) const {
-  const fp8::Format format = fp8::format_of(formats_of(q_.recipe), role);
-  Fp8Codes out{.format = dtype_of(format),
+Fp8Codes DeviceMlpFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes,
+                                 bool transposed) const {
+  Fp8Codes out{.format = dtype_of(fp8::format_of(formats_of(q_.recipe), role)),
                .codes = nullptr,
                .transposed = nullptr,
                .rows = rows,
@@ -60,6 +59,26 @@ Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std:
                .scale_inv = slot(role, scale_inv_field)};
   if (codes) out.codes = bytes_on(device_, rows * cols);
   if (transposed) out.transposed = bytes_on(device_, cols * out.transposed_ld);
+  return out;
+}
+
+void DeviceMlpFp8::record_later(fp8::Role role) const {
+  if (!host_scalars_ || host_scalars_->defined()) host_scalars_ = std::make_shared<Tensor<float>>();
+  q_.state->record_later(role, [host = host_scalars_, scalars = scalars_, role] {
+    if (!host->defined()) *host = scalars.to(Device::cpu());
+    return host->flat(static_cast<std::int64_t>(role) * fields + amax_field);
+  });
+}
+
+DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first) const {
+  const bool record = first && q_.state;
+  if (record) record_later(role);
+  return {codes_for(role, rows, cols, true, false), slot(role, scale_field), record ? slot(role, amax_field) : nullptr};
+}
+
+Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
+                                bool codes, bool transposed, bool first) const {
+  const Fp8Codes out = codes_for(role, rows, cols, codes, transposed);
   float* amax = slot(role, amax_field);
   const bool record = first && q_.state;
   if (first && !q_.state) {  // current scaling: the role's scale from x's own amax
@@ -78,13 +97,7 @@ Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std:
                       .transposed_ld = out.transposed_ld,
                       .amax = record ? amax : nullptr},
                      device_.index);
-  if (record) {  // read when the state's step ends: the step does not wait for the device
-    if (!host_scalars_ || host_scalars_->defined()) host_scalars_ = std::make_shared<Tensor<float>>();
-    q_.state->record_later(role, [host = host_scalars_, scalars = scalars_, role] {
-      if (!host->defined()) *host = scalars.to(Device::cpu());
-      return host->flat(static_cast<std::int64_t>(role) * fields + amax_field);
-    });
-  }
+  if (record) record_later(role);  // read when the state's step ends: the step does not wait for the device
   return out;
 }
 

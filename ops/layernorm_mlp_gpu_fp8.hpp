@@ -43,6 +43,18 @@ class DeviceMlpFp8 {
   Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, bool codes,
                     bool transposed, bool first) const;
 
+  // Delayed scaling knows each role's scale before its tensor exists: the kernel that makes a tensor can then write
+  // its codes itself (target), in place of the tensor and a quantization pass.
+  bool scales_ahead() const { return q_.state != nullptr; }
+  // For such a kernel: the codes [rows, cols] of `role` (not transposed), the scale to quantize by, and where
+  // `first` (as for quantize) the amax to merge |x| into, recorded as quantize records it (else null).
+  struct Target {
+    Fp8Codes codes;
+    const float* scale;
+    float* amax;
+  };
+  Target target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first) const;
+
   // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless
   // null) where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with
   // fewer bits between partial sums where the quantization's fast_forward_accumulation asks for it).
@@ -52,6 +64,9 @@ class DeviceMlpFp8 {
 
  private:
   float* slot(fp8::Role role, int field) const;
+  Fp8Codes codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes, bool transposed) const;
+  // Delayed scaling: the state reads role's amax from the device when its step ends.
+  void record_later(fp8::Role role) const;
 
   Fp8Quantization q_;
   Device device_;

@@ -1,6 +1,7 @@
 // The GPU's FP8 kernels. Quantization (cuda/fp8_quantize.hpp): amax, current scaling's scales, codes and their
 // transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included, and
-// for every kind of f32 value (ties, specials).
+// for every kind of f32 value (ties, specials); the activation kernel's own codes of a (delayed scaling's fused
+// quantization) bitwise fp8_quantize's.
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
 // the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
@@ -19,6 +20,8 @@
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
+#include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/ops/activation_table.hpp"
 #include "tapegrad/ops/fp8_quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
 
@@ -225,6 +228,34 @@ TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
     bad += e5m2.flat(i).bits != fp8::from_double<fp8::Format::e5m2>(x.flat(i));
   }
   CHECK(bad == 0);
+}
+
+TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of its a, with the same amax") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
+    const MlpActivation form = detail::activation_form({.activation = activation});
+    // F 136: whole packs; 37: single elements.
+    for (const std::int64_t F : {std::int64_t{136}, std::int64_t{37}}) {
+      CAPTURE(F);
+      const std::int64_t rows = 45, width = activation_width(activation);
+      const Tensor<bf16> z = randn<bf16>({rows, width * F}, seed, 0.0, 2.0).to(gpu);
+      const Tensor<float> scale = full<float>({1}, 3.5).to(gpu);
+      Tensor<bf16> a(Shape{rows, F}, gpu);
+      Tensor<f8e4m3> fused(Shape{rows, F}, gpu), separate(Shape{rows, F}, gpu);
+      Tensor<float> amax = zeros<float>({2}).to(gpu);
+      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), a.data(), rows, F);
+      cuda::fp8_quantize({.dtype = DType::bf16, .x = a.data(), .rows = rows, .cols = F, .scale = scale.data(),
+                          .codes = separate.data(), .amax = amax.data()},
+                         0);
+      const cuda::MlpActivationCodes codes{fused.data(), scale.data(), amax.data() + 1};
+      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), nullptr, rows, F, &codes);
+      CHECK(test::bitwise_equal(fused.to(host), separate.to(host)));
+      const Tensor<float> amaxes = amax.to(host);
+      CHECK(amaxes.flat(0) == amaxes.flat(1));
+      CHECK(amaxes.flat(0) > 0.0f);
+    }
+  }
 }
 
 TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {

@@ -10,10 +10,10 @@
 // and one step of e4m3 is 1/16, of e5m2 1/4 (in these small blocks one step of a moves y by ~0.2 %). In bf16 every
 // z, a, da and dz is also rounded to bf16 first: a sum 1e-4 apart changes a few % of them by one bf16 step, and a
 // bf16 step at an fp8 rounding boundary (bf16 holds those boundaries exactly) moves the code. The results are held
-// to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases:
-// f32 y 1.1 %, gradients 1.8 %; bf16 y 4.4 %, gradients 5.6 %), and a wrong operand, layout or scale far above
-// (errors of order 1). The comparisons run the forward's products without fast accumulation
-// (fast_forward_accumulation off), and again with it, in f32 on the larger block (measured 0.6 % and 0.8 %).
+// to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases
+// and two runs: f32 y 1.1 %, gradients 3.0 %; bf16 y 3.1 %, gradients 6.7 %), and a wrong operand, layout or scale
+// far above (errors of order 1). The comparisons run the forward's products without fast accumulation
+// (fast_forward_accumulation off), and again with it, in f32 on the larger block (measured 0.6 % and 1.3 %).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -31,7 +31,7 @@ using test::gpu;
 namespace {
 
 // Bounds on ‖gpu - cpu‖ / ‖cpu‖ (see above).
-template <class T> double bound() { return std::is_same_v<T, float> ? 0.04 : 0.12; }
+template <class T> double bound() { return std::is_same_v<T, float> ? 0.06 : 0.12; }
 
 template <class P> Params<P> on(const Params<P>& p, Device device) {
   auto leaf = [&](const Var<P>& v) { return v.defined() ? param(v.value().to(device)) : Var<P>(); };
