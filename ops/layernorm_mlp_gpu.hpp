@@ -13,6 +13,9 @@
 // backward stays with the activation kernel: cuBLASLt 13's DGELU epilogue ran as an older, slower GEMM kernel, and
 // DGELU_BGRAD added the bias gradient in a separate kernel (bench/RESULTS.md (j)).
 //
+// FP8 (options.fp8, ops/layernorm_mlp_gpu_fp8.hpp): the same steps with every product an FP8 one of quantized
+// operands; h is kept as its transposed codes instead of h, the weights as codes, and the GELU epilogue is not used.
+//
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
 // must start 16-byte aligned) and falls back to kernels ~3× slower. The node then pads: x, its parameters, h, dy
 // and everything between the GEMMs take the padded sizes with zeros in the padding (which keeps the padded z, da, dz
