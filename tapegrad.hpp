@@ -9,6 +9,7 @@
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/fp8.hpp"
+#include "tapegrad/ops/fp8_dense.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/layernorm_mlp_composite.hpp"
 #include "tapegrad/ops/layout.hpp"

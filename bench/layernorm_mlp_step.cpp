@@ -1,7 +1,7 @@
 // One forward+backward step of the layernorm_mlp node (bf16, the block bench/gpu_layernorm_mlp.cpp times) between
 // cudaProfilerStart and cudaProfilerStop, after three unprofiled steps: for a per-kernel profile,
-//   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
-//     layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]
+//   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
+//       layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]   (one command line)
 // gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks); the last word
 // quantizes the products to fp8 with that recipe.
 #include <cuda_profiler_api.h>

@@ -9,6 +9,11 @@ namespace tapegrad::fp8 {
 
 namespace {
 std::string_view formats_name(Formats formats) { return formats == Formats::hybrid ? "hybrid" : "e4m3"; }
+
+void check_formats(std::string_view op, Formats formats) {
+  check(formats == Formats::hybrid || formats == Formats::e4m3, op, "fp8 format ", static_cast<int>(formats),
+        " is not a Formats (hybrid or e4m3)");
+}
 }  // namespace
 
 std::string describe(const Recipe& recipe) {
@@ -112,3 +117,19 @@ void ScalingState::update() {
 }
 
 }  // namespace tapegrad::fp8
+
+namespace tapegrad::detail {
+
+void check_fp8_quantization(std::string_view op, const Fp8Quantization& q) {
+  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&q.recipe)) {
+    check(q.state != nullptr, op, "fp8 delayed scaling needs its state: set fp8.state to a ScalingState made with "
+          "the same recipe");
+    check(q.state->recipe() == *delayed, op, "fp8.state was made with another DelayedScaling than fp8.recipe (margin ",
+          q.state->recipe().margin, " against ", delayed->margin, ", amax_history_len ",
+          q.state->recipe().amax_history_len, " against ", delayed->amax_history_len, ")");
+  } else if (const auto* current = std::get_if<fp8::CurrentScaling>(&q.recipe)) {
+    fp8::check_formats(op, current->format);
+  }
+}
+
+}  // namespace tapegrad::detail

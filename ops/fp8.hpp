@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -103,3 +104,33 @@ class ScalingState {
 };
 
 }  // namespace tapegrad::fp8
+
+namespace tapegrad {
+
+// FP8 quantization of an op's GEMM inputs (layernorm_mlp's options.fp8, fp8_dense): the recipe, and its state where
+// it keeps one.
+struct Fp8Quantization {
+  fp8::Recipe recipe = fp8::DelayedScaling{};
+  // Delayed scaling's state, made with the same recipe; required with it, unused by the others. A forward that
+  // finds amaxes recorded since the state's last update ends that step first (ScalingState::update).
+  std::shared_ptr<fp8::ScalingState> state{};
+  // On a GPU, the forward's products let the tensor cores keep fewer bits between partial sums (faster;
+  // TransformerEngine's choice for them); false sums them as the backward's, in full f32. No effect on the CPU.
+  bool fast_forward_accumulation = true;
+};
+
+// The recipe with a fresh state where it needs one (delayed scaling).
+inline Fp8Quantization fp8_quantization(const fp8::Recipe& recipe) {
+  Fp8Quantization q{.recipe = recipe};
+  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&recipe)) {
+    q.state = std::make_shared<fp8::ScalingState>(*delayed);
+  }
+  return q;
+}
+
+namespace detail {
+// Throws naming `op` where delayed scaling has no state or one made with another recipe, or a format is no Formats.
+void check_fp8_quantization(std::string_view op, const Fp8Quantization& q);
+}  // namespace detail
+
+}  // namespace tapegrad

@@ -21,7 +21,7 @@
 // backward's pass over z produces it next to ∂a/∂z at the cost of one activation evaluation. Recomputed h and z
 // come from the same functions with the same statistics, so every policy gives bitwise identical gradients.
 //
-// With fp8 quantization (ops/layernorm_mlp_fp8.hpp) every product multiplies quantized values, read back in C: the
+// With fp8 quantization (ops/fp8_operands.hpp) every product multiplies quantized values, read back in C: the
 // context keeps the quantized W1 and W2 (instead of their T copies) and the step's scales, and the products round
 // their C results to T as above.
 #include "tapegrad/ops/layernorm_mlp.hpp"
@@ -34,12 +34,13 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/ops/activation_table.hpp"
+#include "tapegrad/ops/fp8_operands.hpp"
 #include "tapegrad/ops/gemm.hpp"
 #include "tapegrad/ops/layernorm_mlp_check.hpp"
-#include "tapegrad/ops/layernorm_mlp_fp8.hpp"
 #include "tapegrad/ops/layernorm_mlp_gpu.hpp"
 #include "tapegrad/ops/mlp_activation.hpp"
 #include "tapegrad/ops/norm_rows.hpp"
+#include "tapegrad/ops/products.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -49,6 +50,11 @@ namespace {
 constexpr const char* op_name = "layernorm_mlp";
 using detail::MlpDims;
 using detail::MlpNeeds;
+using detail::Addend;
+using detail::bias_rows;
+using detail::column_sums;
+using detail::product;
+using detail::weight_gradient;
 
 template <class T> struct MlpContext {
   using C = compute_t<T>;
@@ -57,38 +63,12 @@ template <class T> struct MlpContext {
   detail::NormRows<T> norm;
   Tensor<T> w1, w2, b1, b2;  // in T; a bias is undefined when absent; with fp8 no w1, w2
   Tensor<T> h, z;            // [M, H] and [M, nF], kept by policy
-  std::optional<detail::MlpFp8<T>> fp8;
+  std::optional<detail::Fp8Operands<T>> fp8;
   Tensor<C> w1q, w2q;  // with fp8: W1 [H, nF] and W2 [F, H] quantized, as the products read them
   // All of the above, for x on a GPU. Mutable: the GPU backward releases the saved h and z as soon as it is done
   // with them (a second backward under retain_graph recomputes them, bitwise the same).
   mutable detail::DeviceMlp<T> device;
 };
-
-// What a product adds to op(A) · op(B): nothing, a row [N] to every row (a bias), or a whole [M, N] matrix.
-template <class T> struct Addend {
-  const T* row = nullptr;
-  const T* matrix = nullptr;
-};
-
-// out [M, N] = op(A) · op(B) + the addend, accumulated in C and rounded to T once: row-major A [M, K] (or [K, M]
-// transposed), B [K, N] (or [N, K]). X is T, or C for fp8's quantized operands.
-template <class T, class X>
-Tensor<T> product(Transpose ta, Transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, const Tensor<X>& a,
-                  const Tensor<X>& b, Addend<T> add = {}) {
-  Tensor<X> out(Shape{M, N});
-  if (add.row || add.matrix) {
-    for (std::int64_t r = 0; r < M; ++r) {
-      const T* from = add.row ? add.row : add.matrix + r * N;
-      for (std::int64_t j = 0; j < N; ++j) out.data()[r * N + j] = convert<X>(from[j]);
-    }
-  }
-  gemm<X>(ta, tb, M, N, K, 1, a.data(), ta == Transpose::no ? K : M, b.data(), tb == Transpose::no ? N : K,
-          add.row || add.matrix ? 1 : 0, out.data(), N);
-  return cast<T>(out);
-}
-
-// A bias as an addend (none when undefined).
-template <class T> Addend<T> bias_rows(const Tensor<T>& bias) { return {bias.defined() ? bias.data() : nullptr}; }
 
 // z = h · W1 + b1, rounded to T once; `first`: the forward's (fp8: h's amax counts then).
 template <class T> Tensor<T> first_product(const MlpContext<T>& c, const Tensor<T>& h, bool first) {
@@ -175,27 +155,6 @@ std::vector<compute_t<T>> activation_backward(const MlpContext<T>& c, const Tens
           }
         });
   });
-}
-
-// Σ_rows of t [M, width] in C.
-template <class T> std::vector<compute_t<T>> column_sums(const Tensor<T>& t, std::int64_t rows, std::int64_t width) {
-  using C = compute_t<T>;
-  return detail::blocked_row_sum<C>(rows, width, width, [&](std::int64_t begin, std::int64_t end, C* sums) {
-    Eigen::Map<detail::Row<C>> total(sums, width);
-    for (std::int64_t r = begin; r < end; ++r) total += row_of(t.data() + r * width, width).template cast<C>();
-  });
-}
-
-// Aᵀ · B over M rows, in C: A [M, K1], B [M, K2] → [K1, K2]. The weight gradients keep C's precision until they
-// are rounded to the parameter dtype.
-template <class T>
-Tensor<compute_t<T>> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M, std::int64_t k1,
-                                     std::int64_t k2) {
-  using C = compute_t<T>;
-  const Tensor<C> ac = cast<C>(a), bc = cast<C>(b);
-  Tensor<C> out(Shape{k1, k2});
-  gemm<C>(Transpose::yes, Transpose::no, k1, k2, M, 1, ac.data(), k1, bc.data(), k2, 0, out.data(), k2);
-  return out;
 }
 
 template <class T> struct MlpForward {
@@ -306,7 +265,7 @@ auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& option
           c.norm = detail::NormRows<T>(options.norm == NormType::layernorm, xv, gv, has_beta ? &bv : nullptr,
                                        options.zero_centered_gamma);
           if (options.fp8) {
-            c.fp8.emplace(*options.fp8);  // (delayed scaling: ends the state's previous step first)
+            c.fp8.emplace(op_name, *options.fp8);  // (delayed scaling: ends the state's previous step first)
             c.w1q = c.fp8->weight(fp8::Role::kernel1, w1v, dims.hidden, dims.width * dims.ffn);
             c.w2q = c.fp8->weight(fp8::Role::kernel2, w2v, dims.ffn, dims.hidden);
           } else {

@@ -11,7 +11,6 @@
 // directly, accumulating in f32 (f64 for T = f64). The algorithm and what is saved: ops/layernorm_mlp.cpp.
 #pragma once
 
-#include <memory>
 #include <optional>
 #include <string_view>
 #include <variant>
@@ -58,28 +57,10 @@ struct ClampedSwigluParams {
   double alpha = 1.702;  // the sigmoid's slope
 };
 
-// FP8 quantization of the node's GEMM inputs (ops/fp8.hpp): each product multiplies fp8 values (h and W1, a and W2
-// forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64 on the CPU), its
-// result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, delayed or current scaling
-// (ops/layernorm_mlp_gpu_fp8.hpp); block scaling on the CPU only.
-struct Fp8Quantization {
-  fp8::Recipe recipe = fp8::DelayedScaling{};
-  // Delayed scaling's state, made with the same recipe; required with it, unused by the others. A forward that
-  // finds amaxes recorded since the state's last update ends that step first (ScalingState::update).
-  std::shared_ptr<fp8::ScalingState> state{};
-  // On a GPU, the forward's two products let the tensor cores keep fewer bits between partial sums (faster;
-  // TransformerEngine's choice for them); false sums them as the backward's, in full f32. No effect on the CPU.
-  bool fast_forward_accumulation = true;
-};
-
-// The recipe with a fresh state where it needs one (delayed scaling).
-inline Fp8Quantization fp8_quantization(const fp8::Recipe& recipe) {
-  Fp8Quantization q{.recipe = recipe};
-  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&recipe)) {
-    q.state = std::make_shared<fp8::ScalingState>(*delayed);
-  }
-  return q;
-}
+// FP8 quantization of the node's GEMM inputs (options.fp8; ops/fp8.hpp): each product multiplies fp8 values (h and
+// W1, a and W2 forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64 on
+// the CPU), its result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, delayed or
+// current scaling (ops/layernorm_mlp_gpu_fp8.hpp); block scaling on the CPU only.
 
 struct LayerNormMLPOptions {
   NormType norm = NormType::layernorm;

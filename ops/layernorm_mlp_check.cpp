@@ -5,23 +5,6 @@
 namespace tapegrad::detail {
 
 namespace {
-void check_formats(std::string_view op, fp8::Formats formats) {
-  check(formats == fp8::Formats::hybrid || formats == fp8::Formats::e4m3, op, "fp8 format ",
-        static_cast<int>(formats), " is not a Formats (hybrid or e4m3)");
-}
-
-void check_fp8(std::string_view op, const Fp8Quantization& q) {
-  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&q.recipe)) {
-    check(q.state != nullptr, op, "fp8 delayed scaling needs its state: set fp8.state to a ScalingState made with "
-          "the same recipe");
-    check(q.state->recipe() == *delayed, op, "fp8.state was made with another DelayedScaling than fp8.recipe (margin ",
-          q.state->recipe().margin, " against ", delayed->margin, ", amax_history_len ",
-          q.state->recipe().amax_history_len, " against ", delayed->amax_history_len, ")");
-  } else if (const auto* current = std::get_if<fp8::CurrentScaling>(&q.recipe)) {
-    check_formats(op, current->format);
-  }
-}
-
 void check_options(std::string_view op, const LayerNormMLPOptions& options) {
   check(options.norm == NormType::layernorm || options.norm == NormType::rmsnorm, op, "norm ",
         static_cast<int>(options.norm), " is not a NormType (layernorm or rmsnorm)");
@@ -42,7 +25,7 @@ void check_options(std::string_view op, const LayerNormMLPOptions& options) {
     check(std::isfinite(p.limit), op, "clamped_swiglu needs a finite limit, got ", p.limit);
     check(std::isfinite(p.alpha), op, "clamped_swiglu needs a finite alpha, got ", p.alpha);
   }
-  if (options.fp8) check_fp8(op, *options.fp8);
+  if (options.fp8) check_fp8_quantization(op, *options.fp8);
 }
 }  // namespace
 

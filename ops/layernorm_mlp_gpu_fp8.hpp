@@ -1,4 +1,4 @@
-// layernorm_mlp's FP8 quantization on the GPU: the CPU's recipes (ops/layernorm_mlp_fp8.hpp) with the quantized
+// layernorm_mlp's FP8 quantization on the GPU: the CPU's recipes (ops/fp8_operands.hpp) with the quantized
 // tensors kept as fp8 codes on the device and multiplied by cuBLASLt's FP8 kernels. Internal: included by
 // ops/layernorm_mlp_gpu*.cpp only.
 //

@@ -1,10 +1,14 @@
 // What the fp8 layernorm_mlp tests share (tests/test_layernorm_mlp_fp8.cpp on the CPU, tests/
 // test_gpu_layernorm_mlp_fp8.cpp on a GPU): the recipes they run, one training step of the node on x's device with
-// its results on the host, and the check that every recompute policy and a second run give the same bits.
+// its results on the host, the check that every recompute policy and a second run give the same bits, and the
+// quantization written out by hand in double.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
@@ -68,6 +72,30 @@ template <class T> void check_bitwise_across_policies(const Tensor<T>& x, const 
       CHECK(test::bitwise_equal(other.grads[i], runs.front().grads[i]));
     }
   }
+}
+
+// fp8(v · scale) · (1 / scale), the product's view of one quantized value, written out from the format's functions.
+inline double quantize(double v, fp8::Format format, float scale) {
+  const float scaled = static_cast<float>(v) * scale;
+  const std::uint8_t bits = format == fp8::Format::e4m3 ? fp8::from_double<fp8::Format::e4m3>(scaled)
+                                                        : fp8::from_double<fp8::Format::e5m2>(scaled);
+  const float value = format == fp8::Format::e4m3 ? fp8::to_float<fp8::Format::e4m3>(bits)
+                                                  : fp8::to_float<fp8::Format::e5m2>(bits);
+  return static_cast<double>(value * (1.0f / scale));
+}
+
+inline double amax(const Tensor<double>& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.flat(i)));
+  return m;
+}
+
+// t [rows, cols] quantized with current scaling.
+inline Tensor<double> current_quantized(const Tensor<double>& t, fp8::Format format) {
+  const float scale = fp8::current_scale(static_cast<float>(amax(t)), fp8::max_value(format));
+  Tensor<double> out(t.shape());
+  for (std::int64_t i = 0; i < t.numel(); ++i) out.flat(i) = quantize(t.flat(i), format, scale);
+  return out;
 }
 
 }  // namespace tapegrad::mlp_test

@@ -47,30 +47,6 @@ template <class To, class From> Params<To> cast_params(const Params<From>& p) {
   return {leaf(p.gamma), leaf(p.beta), leaf(p.w1), leaf(p.b1), leaf(p.w2), leaf(p.b2)};
 }
 
-// fp8(v · scale) · (1 / scale), the product's view of one quantized value, written out from the format's functions.
-double quantize(double v, fp8::Format format, float scale) {
-  const float scaled = static_cast<float>(v) * scale;
-  const std::uint8_t bits = format == fp8::Format::e4m3 ? fp8::from_double<fp8::Format::e4m3>(scaled)
-                                                        : fp8::from_double<fp8::Format::e5m2>(scaled);
-  const float value = format == fp8::Format::e4m3 ? fp8::to_float<fp8::Format::e4m3>(bits)
-                                                  : fp8::to_float<fp8::Format::e5m2>(bits);
-  return static_cast<double>(value * (1.0f / scale));
-}
-
-double amax(const Tensor<double>& t) {
-  double m = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.flat(i)));
-  return m;
-}
-
-// t [rows, cols] quantized with current scaling.
-Tensor<double> current_quantized(const Tensor<double>& t, fp8::Format format) {
-  const float scale = fp8::current_scale(static_cast<float>(amax(t)), fp8::max_value(format));
-  Tensor<double> out(t.shape());
-  for (std::int64_t i = 0; i < t.numel(); ++i) out.flat(i) = quantize(t.flat(i), format, scale);
-  return out;
-}
-
 // a [M, K] · b [K, N] in double.
 Tensor<double> multiply(const Tensor<double>& a, const Tensor<double>& b, std::int64_t M, std::int64_t K,
                         std::int64_t N) {

@@ -3,11 +3,19 @@
 //
 //   nn::Dense<f32, bf16> proj(128, {.features = 512}, /*seed=*/0);  // f32 kernel and bias, computes in bf16
 //   Var<bf16> y = proj(x);  // x [..., 128] in any dtype -> bf16 [..., 512]
+//
+// With an fp8 recipe (`.fp8 = fp8::DelayedScaling{}`) the projection is fp8_dense (ops/fp8_dense.hpp): its products
+// read FP8 values, the kernel quantized from P itself; the module owns delayed scaling's state.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/fp8_dense.hpp"
+#include "tapegrad/ops/nn/fp8_notes.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
 #include "tapegrad/ops/nn/module.hpp"
 
@@ -18,6 +26,7 @@ struct DenseConfig {
   bool use_bias = true;
   Initializer kernel_init = Initializer::lecun_normal();  // fan_in = in
   Initializer bias_init = Initializer::zeros();
+  std::optional<fp8::Recipe> fp8{};  // none: an unquantized product; the module owns delayed scaling's state
 };
 
 // x [..., in] · kernel [in, F] (+ bias [F] when defined), in U.
@@ -27,17 +36,21 @@ namespace detail {
 // The projection's parameters, registered in `owner` as `kernel` and `bias`.
 template <class P> struct DenseParameters {
   Var<P> kernel, bias;  // bias undefined without use_bias
+  std::optional<Fp8Quantization> fp8;
 
   DenseParameters(Module& owner, std::int64_t in, const DenseConfig& config, std::uint64_t seed) {
     check(in > 0 && config.features > 0, owner.type_name(), "input size and features must be positive, got ", in,
           " and ", config.features);
     owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed);
     if (config.use_bias) owner.init_parameter("bias", bias, config.bias_init, {config.features}, seed);
+    if (config.fp8) fp8 = fp8_quantization(*config.fp8);
   }
-  // x is already in the compute dtype U; the parameters are rounded to it.
+  // x is already in the compute dtype U; the parameters are rounded to it (with fp8: the kernel quantized from P).
   template <class U> Var<U> apply(const Var<U>& x) const {
+    if (fp8) return fp8_dense(x, kernel, bias, *fp8);
     return dense(x, cast<U>(kernel), bias.defined() ? cast<U>(bias) : Var<U>());
   }
+  const fp8::ScalingState* fp8_state() const { return fp8 ? fp8->state.get() : nullptr; }
   std::int64_t in() const { return kernel.shape()[0]; }
 };
 }  // namespace detail
@@ -61,6 +74,9 @@ class Dense : public Module {
 
   const Var<P>& kernel() const { return dense_.kernel; }
   const Var<P>& bias() const { return dense_.bias; }
+  // Delayed scaling's amax histories and scales, which every call advances (null for other recipes and without fp8).
+  const fp8::ScalingState* fp8_state() const { return dense_.fp8_state(); }
+  std::vector<std::string> summary_notes() const override { return detail::fp8_notes(dense_.fp8); }
 
  private:
   detail::DenseParameters<P> dense_;

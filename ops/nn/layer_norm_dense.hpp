@@ -44,6 +44,9 @@ class LayerNormDense : public Module {
   const Var<P>& ln_bias() const { return norm_.ln_bias; }
   const Var<P>& kernel() const { return dense_.kernel; }
   const Var<P>& bias() const { return dense_.bias; }
+  // With `.dense.fp8`: delayed scaling's state, which every call advances (null for other recipes and without fp8).
+  const fp8::ScalingState* fp8_state() const { return dense_.fp8_state(); }
+  std::vector<std::string> summary_notes() const override { return detail::fp8_notes(dense_.fp8); }
 
  private:
   template <class T> LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x) const {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tapegrad/ops/fp8.hpp"
+#include "tapegrad/ops/nn/fp8_notes.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/layer_norm.hpp"
 
@@ -68,12 +69,7 @@ class LayerNormMLP : public Module {
   // and without fp8).
   const fp8::ScalingState* fp8_state() const { return fp8_ ? fp8_->state.get() : nullptr; }
 
-  std::vector<std::string> summary_notes() const override {
-    if (!fp8_) return {};
-    std::vector<std::string> notes{fp8::describe(fp8_->recipe)};
-    if (fp8_->state) notes.push_back("fp8 steps done: " + std::to_string(fp8_->state->steps()));
-    return notes;
-  }
+  std::vector<std::string> summary_notes() const override { return detail::fp8_notes(fp8_); }
 
  private:
   template <class T>

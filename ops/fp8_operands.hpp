@@ -1,23 +1,25 @@
-// layernorm_mlp's FP8 quantization on the CPU: which tensor is quantized with which scale, for the node's products
-// (ops/layernorm_mlp.cpp). Internal to ops/.
+// Which tensor an op's products read quantized with which scale, on the CPU (the recipes of ops/fp8.hpp): for
+// layernorm_mlp (ops/layernorm_mlp.cpp) and fp8_dense (ops/fp8_dense.cpp). Internal to ops/.
 //
 // The forward starts a step: delayed scaling first ends the state's previous one (its amaxes enter the histories, new
-// scales are made), then the node keeps every role's scale for this step, so that its backward (once or again with
+// scales are made), then the op keeps every role's scale for this step, so that its backward (once or again with
 // retain_graph) and every recompute policy quantize with the same scales. Each tensor's amax is recorded once, by
-// the pass that first quantizes it (forward: h, W1, a, W2; backward: dy, dz).
+// the pass that first quantizes it (forward: the inputs and weights; backward: the gradients).
 //
 // A GEMM input is read with its inner (summed) dimension along its rows or its columns. One scale per tensor reads
-// the same either way; block scaling's 1×128 tiles follow the inner dimension, so h, a, dy and dz are quantized
-// twice, once for the product that sums over their columns and once for the weight gradient that sums over their
-// rows. The weights' 128×128 blocks read the same either way.
+// the same either way; block scaling's 1×128 tiles follow the inner dimension, so an activation or a gradient is
+// quantized twice, once for the product that sums over its columns and once for the weight gradient that sums over
+// its rows. The weights' 128×128 blocks read the same either way.
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <string_view>
 #include <variant>
 
+#include "tapegrad/ops/fp8.hpp"
 #include "tapegrad/ops/fp8_quantize.hpp"
-#include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad::detail {
@@ -25,11 +27,13 @@ namespace tapegrad::detail {
 // Which way a GEMM reads an input: its inner dimension along the input's columns or along its rows.
 enum class Inner : bool { along_columns, along_rows };
 
-template <class T> class MlpFp8 {
+template <class T> class Fp8Operands {
  public:
   using C = compute_t<T>;
 
-  explicit MlpFp8(const Fp8Quantization& q) : q_(q) {
+  // `op` names the op in errors, and `name` its tensors (layernorm_mlp's by default: ops/fp8.hpp's role_name).
+  Fp8Operands(std::string_view op, const Fp8Quantization& q, std::string_view (*name)(fp8::Role) = fp8::role_name)
+      : op_(op), name_(name), q_(q) {
     if (auto* state = q_.state.get(); state && state->pending()) state->update();
     for (fp8::Role role : fp8::roles) scales_[index(role)] = q_.state ? q_.state->scale(role) : 1.0f;
   }
@@ -71,8 +75,8 @@ template <class T> class MlpFp8 {
   }
 
   // Current and block scaling quantize with the tensor's own amax: an infinity or a NaN leaves no scale to use.
-  static void require_finite(fp8::Role role, float amax) {
-    check(std::isfinite(amax), "layernorm_mlp", "fp8: ", fp8::role_name(role),
+  void require_finite(fp8::Role role, float amax) const {
+    check(std::isfinite(amax), op_, "fp8: ", name_(role),
           " holds an infinity or a NaN (its amax is ", amax, "), which no scale can quantize");
   }
 
@@ -87,6 +91,8 @@ template <class T> class MlpFp8 {
     return quantized<C>(x, format, fp8::current_scale(amax, fp8::max_value(format)));
   }
 
+  std::string_view op_;
+  std::string_view (*name_)(fp8::Role);
   Fp8Quantization q_;
   std::array<float, fp8::role_count> scales_{};
 };

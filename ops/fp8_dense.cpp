@@ -1,0 +1,107 @@
+// fp8_dense's node (ops/fp8_dense.hpp): the quantization of ops/fp8_operands.hpp and the CPU products of
+// ops/products.hpp, as layernorm_mlp's fp8 path uses them. Saved: x (the input's own storage), the quantized kernel
+// and the step's scales.
+#include "tapegrad/ops/fp8_dense.hpp"
+
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/ops/fp8_operands.hpp"
+#include "tapegrad/ops/products.hpp"
+#include "tapegrad/ops/row_sum.hpp"
+#include "tapegrad/tensor/core/device_checks.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+constexpr const char* op_name = "fp8_dense";
+
+// The roles' tensors as this op calls them.
+std::string_view tensor_name(fp8::Role role) {
+  switch (role) {
+    case fp8::Role::input: return "x";
+    case fp8::Role::kernel1: return "kernel";
+    case fp8::Role::grad_output: return "dy";
+    default: return fp8::role_name(role);
+  }
+}
+
+template <class T> struct DenseContext {
+  std::optional<detail::Fp8Operands<T>> fp8;
+  Tensor<T> x;                 // [M, K]
+  Tensor<compute_t<T>> kernel;  // [K, N], quantized
+  std::int64_t M = 0, K = 0, N = 0;
+};
+
+}  // namespace
+
+template <class T, class P>
+Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, const Fp8Quantization& q) {
+  check(x.defined() && kernel.defined(), op_name, x.defined() ? "kernel" : "x",
+        " is undefined (a default-constructed Var); x and kernel must be defined (only the bias may be left out)");
+  detail::check_fp8_quantization(op_name, q);
+  const Shape x_shape = x.shape();
+  check(x_shape.rank() >= 1 && kernel.shape().rank() == 2 && kernel.shape()[0] == x_shape.dim(-1), op_name,
+        "kernel has shape ", kernel.shape(), " but x has shape ", x_shape, " (a kernel is [K, N] for x [..., K])");
+  const std::int64_t K = x_shape.dim(-1), N = kernel.shape()[1];
+  const bool has_bias = bias.defined();
+  check_device_matches(op_name, x.device(), 1, kernel.device());
+  if (has_bias) {
+    check(bias.shape() == Shape{N}, op_name, "bias has shape ", bias.shape(), " but the kernel ", kernel.shape(),
+          " needs [", N, "]");
+    check_device_matches(op_name, x.device(), 2, bias.device());
+  }
+  check_on_cpu(op_name, 0, x.device());
+  std::vector<std::int64_t> out_dims(x_shape.dims().begin(), x_shape.dims().end());
+  out_dims.back() = N;
+  const Shape out_shape(out_dims);
+  const Var<P> bias_or_absent = has_bias ? bias : constant(Tensor<P>(Shape{0}, x.device()));
+
+  using Inner = detail::Inner;
+  return custom_op<DenseContext<T>>(
+      op_name,
+      [&](DenseContext<T>& c, const Tensor<T>& xv, const Tensor<P>& wv, const Tensor<P>& bv) {
+        c.M = xv.numel() / K;
+        c.K = K;
+        c.N = N;
+        c.fp8.emplace(op_name, q, tensor_name);  // (delayed scaling: ends the state's previous step first)
+        c.x = xv.reshape(Shape{c.M, K});
+        c.kernel = c.fp8->weight(fp8::Role::kernel1, wv, K, N);
+        const Tensor<T> b = has_bias ? cast<T>(bv) : Tensor<T>();
+        const auto xq = c.fp8->input(fp8::Role::input, c.x, c.M, K, Inner::along_columns, true);
+        return detail::product(Transpose::no, Transpose::no, c.M, N, K, xq, c.kernel, detail::bias_rows(b))
+            .reshape(out_shape);
+      },
+      [=](const DenseContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy_in) {
+        const Tensor<T> dy = dy_in.reshape(Shape{c.M, c.N});
+        Tensor<compute_t<T>> dy_columns;  // dy as dx's product reads it
+        Tensor<T> dx;
+        Tensor<P> dw, db;
+        if (needs[0]) {
+          dy_columns = c.fp8->input(fp8::Role::grad_output, dy, c.M, c.N, Inner::along_columns, true);
+          dx = detail::product<T>(Transpose::no, Transpose::yes, c.M, c.K, c.N, dy_columns, c.kernel).reshape(x_shape);
+        }
+        if (needs[1]) {
+          const auto xr = c.fp8->input(fp8::Role::input, c.x, c.M, c.K, Inner::along_rows, false);
+          const auto dyr = c.fp8->along_rows(fp8::Role::grad_output, dy, c.M, c.N, dy_columns, !needs[0]);
+          dw = detail::rounded_tensor<P>(detail::weight_gradient(xr, dyr, c.M, c.K, c.N).data(), Shape{c.K, c.N});
+        }
+        if (has_bias && needs[2]) db = detail::rounded_tensor<P>(detail::column_sums(dy, c.M, c.N).data(), Shape{c.N});
+        return std::tuple{dx, dw, db};
+      },
+      x, kernel, bias_or_absent);
+}
+
+#define TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, P) \
+  template Var<T> fp8_dense<T, P>(const Var<T>&, const Var<P>&, const Var<P>&, const Fp8Quantization&);
+#define TAPEGRAD_INSTANTIATE_FP8_DENSE(T)                   \
+  TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, float)           \
+  TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, double)          \
+  TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, ::tapegrad::bf16) \
+  TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, ::tapegrad::f16)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_FP8_DENSE)
+
+}  // namespace tapegrad
