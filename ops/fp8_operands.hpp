@@ -27,6 +27,13 @@ namespace tapegrad::detail {
 // Which way a GEMM reads an input: its inner dimension along the input's columns or along its rows.
 enum class Inner : bool { along_columns, along_rows };
 
+// The formats a recipe quantizes to (block scaling: e4m3 everywhere).
+inline fp8::Formats formats_of(const fp8::Recipe& recipe) {
+  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&recipe)) return delayed->format;
+  if (const auto* current = std::get_if<fp8::CurrentScaling>(&recipe)) return current->format;
+  return fp8::Formats::e4m3;
+}
+
 template <class T> class Fp8Operands {
  public:
   using C = compute_t<T>;
@@ -68,12 +75,6 @@ template <class T> class Fp8Operands {
  private:
   static std::size_t index(fp8::Role role) { return static_cast<std::size_t>(role); }
 
-  fp8::Formats formats() const {
-    if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&q_.recipe)) return delayed->format;
-    if (const auto* current = std::get_if<fp8::CurrentScaling>(&q_.recipe)) return current->format;
-    return fp8::Formats::e4m3;
-  }
-
   // Current and block scaling quantize with the tensor's own amax: an infinity or a NaN leaves no scale to use.
   void require_finite(fp8::Role role, float amax) const {
     check(std::isfinite(amax), op_, "fp8: ", name_(role),
@@ -81,7 +82,7 @@ template <class T> class Fp8Operands {
   }
 
   template <class X> Tensor<C> per_tensor(fp8::Role role, const Tensor<X>& x, bool first) const {
-    const fp8::Format format = fp8::format_of(formats(), role);
+    const fp8::Format format = fp8::format_of(formats_of(q_.recipe), role);
     if (q_.state) {  // delayed scaling: the step's scale; the amax goes to the state, which refuses a bad one
       if (first) q_.state->record(role, amax_of(x));
       return quantized<C>(x, format, scales_[index(role)]);

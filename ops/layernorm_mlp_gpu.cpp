@@ -147,13 +147,19 @@ template <class T> bool gelu_epilogue(const DeviceMlp<T>& s) {
 template <class T> struct FirstProduct {
   Tensor<T> z, a;
 };
+// z (padded, [M, nF]) = h · W1 + b1 from h's codes (fp8).
+template <class T> void quantized_first_product(const DeviceMlp<T>& s, const Fp8Codes& hq, Tensor<T>& z) {
+  const auto [M, H, F, n] = s.padded;
+  s.fp8->product(hq, Fp8Layout::codes, s.w1q, Fp8Layout::transposed, M, n * F, H, dtype_v<T>, z.data(),
+                 data_or_null(s.b1), 0.0, true);
+}
+
 template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Tensor<T>& h) {
   const auto [M, H, F, n] = s.padded;
   FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, h.device()), {}};
   if (s.fp8) {  // a recompute's: h quantized with the step's scale
-    const Fp8Codes hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, h.data(), M, H, true, false, false);
-    s.fp8->product(hq, Fp8Layout::codes, s.w1q, Fp8Layout::transposed, M, n * F, H, dtype_v<T>, out.z.data(),
-                   data_or_null(s.b1), 0.0, true);
+    quantized_first_product(s, s.fp8->quantize(fp8::Role::input, dtype_v<T>, h.data(), M, H, true, false, false),
+                            out.z);
     return out;
   }
   if (!gelu_epilogue(s)) {
@@ -309,9 +315,11 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   if (s.fp8) {  // h's transposed codes made in the same pass where they are kept for dW1
     const Fp8Codes hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, hp.data(), M, Hp, true, save_h, true);
     z = Tensor<T>(Shape{M, n * Fp}, device);
-    s.fp8->product(hq, Fp8Layout::codes, s.w1q, Fp8Layout::transposed, M, n * Fp, Hp, dtype_v<T>, z.data(),
-                   data_or_null(s.b1), 0.0, true);
-    if (save_h) s.hq = {hq.format, {}, hq.transposed, hq.rows, hq.cols, hq.transposed_ld, hq.scale_inv};
+    quantized_first_product(s, hq, z);
+    if (save_h) {  // its transpose alone
+      s.hq = hq;
+      s.hq.codes.reset();
+    }
   } else {
     FirstProduct<T> first = first_product(s, hp);
     z = first.z;

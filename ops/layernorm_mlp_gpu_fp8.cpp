@@ -1,11 +1,11 @@
 #include "tapegrad/ops/layernorm_mlp_gpu_fp8.hpp"
 
 #include <utility>
-#include <variant>
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/ops/fp8_operands.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/fill.hpp"
 
@@ -14,11 +14,6 @@ namespace tapegrad::detail {
 namespace {
 
 constexpr int scale_inv_field = 0, scale_field = 1, amax_field = 2, fields = 4;
-
-fp8::Formats formats_of(const fp8::Recipe& recipe) {
-  if (const auto* delayed = std::get_if<fp8::DelayedScaling>(&recipe)) return delayed->format;
-  return std::get<fp8::CurrentScaling>(recipe).format;
-}
 
 DType dtype_of(fp8::Format format) { return format == fp8::Format::e4m3 ? DType::f8e4m3 : DType::f8e5m2; }
 
