@@ -1,5 +1,5 @@
-// FP8 on the device, for the kernels that write fp8 codes (cuda/fp8_quantize.cu, cuda/mlp_activation.cu): a value's
-// code and a block's amax. Internal to cuda/.
+// FP8 on the device, for the kernels that write fp8 codes (cuda/fp8_quantize.cu, cuda/mlp_activation*.cu): a value's
+// code, a block's amax and a run's loads. Internal to cuda/.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -37,6 +37,17 @@ __device__ __forceinline__ void merge_amax(unsigned int m, unsigned int* amax_bi
     m = lane < threads / 32 ? warps[lane] : 0u;
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == 0) atomicMax(amax_bits, m);
+  }
+}
+
+// x[0 .. R) as f32, from 16-byte loads (x 16-byte aligned): the runs of R elements the fp8 kernels convert together.
+template <int R, class S> __device__ __forceinline__ void load_run(const S* x, float (&v)[R]) {
+  static_assert(sizeof(S) * R % 16 == 0);
+  constexpr int per_load = 16 / sizeof(S);
+  for (int k = 0; k < R / per_load; ++k) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(x + k * per_load);
+    const S* values = reinterpret_cast<const S*>(&bits);
+    for (int j = 0; j < per_load; ++j) v[k * per_load + j] = to_compute<float>(values[j]);
   }
 }
 

@@ -33,17 +33,6 @@ __global__ void current_scale_kernel(const float* amax, float max, float* scale,
   *scale_inv = 1.0f / s;
 }
 
-// x[at .. at + run) as f32, from one or two 16-byte loads.
-template <class S> __device__ void load_run(const S* x, float (&v)[run]) {
-  static_assert(sizeof(S) * run % 16 == 0);
-  constexpr int per_load = 16 / sizeof(S);
-  for (int k = 0; k < run / per_load; ++k) {
-    const uint4 bits = *reinterpret_cast<const uint4*>(x + k * per_load);
-    const S* values = reinterpret_cast<const S*>(&bits);
-    for (int j = 0; j < per_load; ++j) v[k * per_load + j] = to_compute<float>(values[j]);
-  }
-}
-
 // Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
 // are zero codes), else rows. `aligned`: cols a multiple of run and x, codes at 16- and 8-byte boundaries (whole
 // runs load and store at once); `transposed_aligned`: likewise transposed_ld and the transpose.

@@ -9,65 +9,15 @@
 #include "tapegrad/cuda/mlp_activation.hpp"
 
 #include "tapegrad/cuda/fp8_codes.cuh"
+#include "tapegrad/cuda/mlp_activation_forms.cuh"
 #include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/cuda/rows.cuh"
-#include "tapegrad/tensor/core/activation_math.hpp"
 
 namespace tapegrad::cuda {
 
 namespace {
 
-namespace act = tapegrad::activation;
-
-// What a kernel is compiled for: GELU and SwiGLU, the common ones, as fixed forms (the compiler can then interleave
-// the values of a pack, where a switch per value keeps them apart), any activation through the general switch. A
-// fixed form computes exactly what the switch does for it.
-enum class Form { general, gelu, swiglu };
-
-Form form_of(const MlpActivation& a) {
-  if (a.fn == MlpFunction::gelu_tanh && a.gate == MlpGate::none) return Form::gelu;
-  if (a.fn == MlpFunction::swish && a.gate == MlpGate::linear && a.alpha == 1.0) return Form::swiglu;
-  return Form::general;
-}
-
-template <Form F> __device__ __forceinline__ int width_of(const MlpActivation& a) {
-  if constexpr (F == Form::general) return a.width();
-  else return F == Form::gelu ? 1 : 2;
-}
-
-// fn(x), and fn'(x) into *grad unless null. Clamps differentiate as torch.clamp: 1 on the closed interval. Fast:
-// the sigmoids with the hardware's exp and division (for 16-bit storage; activation_math.hpp).
-template <Form F, bool Fast, class C> __device__ __forceinline__ C function_of(const MlpActivation& a, C x, C* grad) {
-  if constexpr (F == Form::gelu) return act::gelu_tanh<Fast>(x, grad);
-  if constexpr (F == Form::swiglu) return act::swish<Fast>(x, C(1), grad);
-  switch (a.fn) {
-    case MlpFunction::relu: return act::relu(x, grad);
-    case MlpFunction::gelu_tanh: return act::gelu_tanh<Fast>(x, grad);
-    case MlpFunction::swish: return act::swish<Fast>(x, C(a.alpha), grad);
-    case MlpFunction::squared_relu: return act::squared_relu(x, grad);
-    case MlpFunction::sigmoid: {
-      const C s = act::sigmoid<Fast>(x);
-      if (grad) *grad = s * (C(1) - s);
-      return s;
-    }
-    default: {  // clamped_swish: swish of min(x, limit)
-      const C limit = C(a.limit);
-      const C value = act::swish<Fast>(x < limit ? x : limit, C(a.alpha), grad);
-      if (grad && !(x <= limit)) *grad = C(0);
-      return value;
-    }
-  }
-}
-
-template <Form F, class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, C x, C* grad) {
-  if (F == Form::swiglu || a.gate == MlpGate::linear) {
-    if (grad) *grad = C(1);
-    return x;
-  }
-  const C limit = C(a.limit);  // clamped_linear: clamp(x, ±limit) + 1
-  if (grad) *grad = fabs(x) <= limit ? C(1) : C(0);
-  return (x < -limit ? -limit : (x > limit ? limit : x)) + C(1);
-}
+using namespace activation_forms;
 
 constexpr int threads = 256;
 // Each chunk writes a partial row of f32 for db1 and sum_partials reads it back: at 16 rows or more that is at most
@@ -148,23 +98,19 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
       Pack<S, V> a, dz0, dz1;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        C grad, gate_grad;
-        C value = function_of<Fixed, sizeof(S) == 2>(act, to_compute<C>(now.z0[k].v[v]), Backward ? &grad : nullptr);
-        if (width == 2) {
-          const C gate = gate_of<Fixed, C>(act, to_compute<C>(now.z1[k].v[v]), Backward ? &gate_grad : nullptr);
-          if constexpr (Backward) {
-            const C dv = to_compute<C>(now.d[k].v[v]);
-            dz0.v[v] = from_compute<S>(dv * gate * grad);
-            dz1.v[v] = from_compute<S>(dv * value * gate_grad);
-            sum0[v] += to_compute<C>(dz0.v[v]);
-            sum1[v] += to_compute<C>(dz1.v[v]);
-          }
-          value *= gate;
-        } else if constexpr (Backward) {
-          dz0.v[v] = from_compute<S>(to_compute<C>(now.d[k].v[v]) * grad);
-          sum0[v] += to_compute<C>(dz0.v[v]);
+        const C z0 = to_compute<C>(now.z0[k].v[v]), z1 = width == 2 ? to_compute<C>(now.z1[k].v[v]) : C(0);
+        if constexpr (Backward) {
+          const BackwardElement<S> e = backward_element<Fixed, S>(act, width, z0, z1, to_compute<C>(now.d[k].v[v]));
+          a.v[v] = e.a;
+          dz0.v[v] = e.dz0;
+          dz1.v[v] = e.dz1;
+          sum0[v] += to_compute<C>(e.dz0);
+          if (width == 2) sum1[v] += to_compute<C>(e.dz1);
+        } else {
+          C value = function_of<Fixed, sizeof(S) == 2>(act, z0, static_cast<C*>(nullptr));
+          if (width == 2) value *= gate_of<Fixed, C>(act, z1, nullptr);
+          a.v[v] = from_compute<S>(value);
         }
-        a.v[v] = from_compute<S>(value);
       }
       if (!Backward && b.codes) {
         Pack<std::uint8_t, V> codes;

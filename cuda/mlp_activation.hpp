@@ -41,4 +41,30 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
                              const MlpActivationGrads& out, std::int64_t rows, std::int64_t F);
 
+// Delayed scaling's backward (every scale known before the kernel): dz and a as fp8 codes in place of dz and a, in
+// the layouts the products read. Each code is bitwise what fp8_quantize makes of the dz (or a) that
+// mlp_activation_backward writes; dz's amax as fp8_amax takes it.
+struct MlpActivationBackwardCodes {
+  DType dz_format = DType::f8e5m2;
+  const float* dz_scale = nullptr;
+  void* dz_codes = nullptr;       // [rows, width·F]; null: none
+  void* dz_transposed = nullptr;  // [width·F, transposed_ld]; null: none
+  float* dz_amax = nullptr;       // *dz_amax = max(*dz_amax, max |dz|); null: none
+  const float* a_scale = nullptr;
+  void* a_transposed = nullptr;  // [F, transposed_ld] in f8e4m3; null: none
+  std::int64_t transposed_ld = 0;  // the transposes' row length: rows rounded up to 16 (zero codes past rows)
+  void* dbias = nullptr;     // as MlpActivationGrads's
+  void* partials = nullptr;  // mlp_activation_codes_partials(rows, F, width) elements of the compute type
+  bool wide_dbias = false;
+};
+
+// The scratch of mlp_activation_backward_codes's dbias, in elements of the compute type.
+std::int64_t mlp_activation_codes_partials(std::int64_t rows, std::int64_t F, int width);
+
+// z [rows, width·F], da [rows, F] (f32, bf16 or f16; F a multiple of 16, rows 16-byte aligned) → the codes asked for,
+// in one kernel over tiles of 64 × 64 (the transposes through shared memory), and dbias as mlp_activation_backward
+// sums it but over the kernel's own chunks (bitwise the same every run, not necessarily the same bits as there).
+void mlp_activation_backward_codes(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
+                                   const MlpActivationBackwardCodes& out, std::int64_t rows, std::int64_t F);
+
 }  // namespace tapegrad::cuda

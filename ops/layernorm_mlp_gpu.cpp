@@ -237,17 +237,26 @@ Tensor<P> second_weight_gradient(const DeviceMlp<T>& s, const Tensor<T>& a, cons
   return weight_gradient<P>(s, aq, dyq, Shape{F, H}, Shape{Fp, Hp}, crops);
 }
 
+// What the activation's backward leaves for dW1 and dh: dz (in z's memory), or with delayed scaling dz's codes.
+template <class T> struct HiddenGradient {
+  Tensor<T> dz;
+  Fp8Codes dzq;
+};
+
 // From z and dy (padded; with fp8 dy's codes dyq): da = dy · W2ᵀ, then the activation kernel writes dz over z and
 // a = act(z) over da (for dW2), and sums db1 from its partial rows; db1 and dW2 go into g (their crops onto
-// `crops`). Returns dz (z's memory).
+// `crops`). With delayed scaling the kernel writes dz's codes (for dh where need_dh, transposed for dW1) and a's
+// transposed codes (for dW2) instead, z and da are released, and dz's codes are returned.
 template <class P, class T>
-Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const Fp8Codes& dyq,
-                              const MlpNeeds& need, DeviceMlpGrads<T, P>& g, Resizes<T>& crops) {
+HiddenGradient<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T>& dy, const Fp8Codes& dyq,
+                                      const MlpNeeds& need, bool need_dh, DeviceMlpGrads<T, P>& g,
+                                      Resizes<T>& crops) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = s.dims;
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = z.device();
-  Tensor<T> da(Shape{M, Fp}, device);  // then a
+  const bool fused = s.fp8 && s.fp8->scales_ahead();
+  Tensor<T> da(Shape{M, Fp}, device);  // then a, unless fused
   if (s.fp8) {
     s.fp8->product(dyq, Fp8Layout::codes, s.w2q, Fp8Layout::codes, M, Fp, Hp, dtype_v<T>, da.data(), nullptr, 0.0,
                    false);
@@ -258,19 +267,49 @@ Tensor<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const Tensor<T
   Tensor<C> partials;
   if (need.b1) {
     db1.emplace(Shape{n, F}, Shape{n, Fp}, device);
-    partials = Tensor<C>(Shape{cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))}, device);
+    partials = Tensor<C>(Shape{fused ? cuda::mlp_activation_codes_partials(M, Fp, static_cast<int>(n))
+                                     : cuda::mlp_activation_partials(M, Fp, static_cast<int>(n))},
+                         device);
   }
-  cuda::mlp_activation_backward(dtype_v<T>, device.index, activation_form(s.options), z.data(), da.data(),
-                                {.dz = z.data(),
-                                 .a = need.w2 ? da.data() : nullptr,
-                                 .dbias = db1 ? db1->data() : nullptr,
-                                 .partials = db1 ? partials.data() : nullptr,
-                                 .wide_dbias = ParamGrad<P, T>::wide},
-                                M, Fp);
+  HiddenGradient<T> out;
+  DeviceMlpFp8::Target a_codes;
+  if (fused) {
+    const DeviceMlpFp8::Target dz_codes = s.fp8->target(fp8::Role::grad_hidden, M, n * Fp, true, need_dh, need.w1);
+    a_codes = s.fp8->target(fp8::Role::activation, M, Fp, false, false, need.w2);
+    const auto bytes = [](const std::shared_ptr<Storage>& codes) { return codes ? codes->data() : nullptr; };
+    cuda::mlp_activation_backward_codes(dtype_v<T>, device.index, activation_form(s.options), z.data(), da.data(),
+                                        {.dz_format = dz_codes.codes.format,
+                                         .dz_scale = dz_codes.scale,
+                                         .dz_codes = bytes(dz_codes.codes.codes),
+                                         .dz_transposed = bytes(dz_codes.codes.transposed),
+                                         .dz_amax = dz_codes.amax,
+                                         .a_scale = a_codes.scale,
+                                         .a_transposed = bytes(a_codes.codes.transposed),
+                                         .transposed_ld = dz_codes.codes.transposed_ld,
+                                         .dbias = db1 ? db1->data() : nullptr,
+                                         .partials = db1 ? partials.data() : nullptr,
+                                         .wide_dbias = ParamGrad<P, T>::wide},
+                                        M, Fp);
+    out.dzq = dz_codes.codes;
+    z = Tensor<T>();
+    da = Tensor<T>();
+  } else {
+    cuda::mlp_activation_backward(dtype_v<T>, device.index, activation_form(s.options), z.data(), da.data(),
+                                  {.dz = z.data(),
+                                   .a = need.w2 ? da.data() : nullptr,
+                                   .dbias = db1 ? db1->data() : nullptr,
+                                   .partials = db1 ? partials.data() : nullptr,
+                                   .wide_dbias = ParamGrad<P, T>::wide},
+                                  M, Fp);
+    out.dz = std::move(z);
+  }
   if (db1) g.db1 = db1->result(&crops);
   partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
-  if (need.w2) g.dw2 = second_weight_gradient<P>(s, da, dy, dyq, &crops);  // da holds a
-  return z;
+  if (need.w2) {
+    g.dw2 = fused ? weight_gradient<P>(s, a_codes.codes, dyq, Shape{F, H}, Shape{Fp, Hp}, &crops)
+                  : second_weight_gradient<P>(s, da, dy, dyq, &crops);  // da holds a
+  }
+  return out;
 }
 
 }  // namespace
@@ -387,10 +426,10 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   }
   // The gradients that come out padded (db1, dW2, dW1, dx) are cropped together at the end, in one launch.
   Resizes<T> crops;
-  Tensor<T> dz = activation_backward<P>(s, std::move(z), dyp, dyq, need, g, crops);
+  // fp8: dzq holds dz as dh's product reads it and as dW1's does.
+  auto [dz, dzq] = activation_backward<P>(s, std::move(z), dyp, dyq, need, need_dh, g, crops);
   dyq = {};
-  Fp8Codes dzq;  // fp8: dz as dh's product reads it and as dW1's does
-  if (s.fp8) {
+  if (s.fp8 && dz.defined()) {  // (current scaling: dz's scale from its amax)
     dzq = s.fp8->quantize(fp8::Role::grad_hidden, dtype_v<T>, dz.data(), M, n * Fp, need_dh, need.w1, true);
     dz = Tensor<T>();
   }

@@ -65,10 +65,14 @@ void DeviceMlpFp8::record_later(fp8::Role role) const {
   });
 }
 
-DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first) const {
+DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first,
+                                           bool codes, bool transposed) const {
+  check(scales_ahead() || !first, "layernorm_mlp", "current scaling has no scale for ", fp8::role_name(role),
+        " before its tensor exists");
   const bool record = first && q_.state;
   if (record) record_later(role);
-  return {codes_for(role, rows, cols, true, false), slot(role, scale_field), record ? slot(role, amax_field) : nullptr};
+  return {codes_for(role, rows, cols, codes, transposed), slot(role, scale_field),
+          record ? slot(role, amax_field) : nullptr};
 }
 
 Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,

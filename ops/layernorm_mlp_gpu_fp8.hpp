@@ -46,14 +46,16 @@ class DeviceMlpFp8 {
   // Delayed scaling knows each role's scale before its tensor exists: the kernel that makes a tensor can then write
   // its codes itself (target), in place of the tensor and a quantization pass.
   bool scales_ahead() const { return q_.state != nullptr; }
-  // For such a kernel: the codes [rows, cols] of `role` (not transposed), the scale to quantize by, and where
-  // `first` (as for quantize) the amax to merge |x| into, recorded as quantize records it (else null).
+  // For such a kernel: the codes [rows, cols] of `role` in the layouts asked for, the scale to quantize by, and where
+  // `first` (as for quantize) the amax to merge |x| into, recorded as quantize records it (else null). A later
+  // quantization of a role (not `first`) has the step's scale under every recipe.
   struct Target {
     Fp8Codes codes;
-    const float* scale;
-    float* amax;
+    const float* scale = nullptr;
+    float* amax = nullptr;
   };
-  Target target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first) const;
+  Target target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first, bool codes = true,
+                bool transposed = false) const;
 
   // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless
   // null) where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with

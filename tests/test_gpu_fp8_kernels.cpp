@@ -1,7 +1,7 @@
 // The GPU's FP8 kernels. Quantization (cuda/fp8_quantize.hpp): amax, current scaling's scales, codes and their
 // transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included, and
-// for every kind of f32 value (ties, specials); the activation kernel's own codes of a (delayed scaling's fused
-// quantization) bitwise fp8_quantize's.
+// for every kind of f32 value (ties, specials); the activation kernels' own codes of a, dz and their transposes
+// (delayed scaling's fused quantization) bitwise fp8_quantize's.
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
 // the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
@@ -256,6 +256,89 @@ TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of it
       CHECK(amaxes.flat(0) > 0.0f);
     }
   }
+}
+
+TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of the plain backward's, and db1 its sum") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu,
+                                Activation::clamped_swiglu}) {
+    const MlpActivation form = detail::activation_form({.activation = activation});
+    const std::int64_t width = activation_width(activation);
+    // 45 rows: a transpose padded to 48, tiles cut short; 272 rows, F 144: several tiles and chunks each way.
+    for (const auto& [rows, F] : {std::pair<std::int64_t, std::int64_t>{45, 144}, {272, 80}, {0, 16}}) {
+      for (const DType dz_format : {DType::f8e5m2, DType::f8e4m3}) {
+        for (const bool every_layout : {true, false}) {  // false: dz's codes alone, no transposes
+          CAPTURE(rows);
+          CAPTURE(F);
+          CAPTURE(every_layout);
+          const std::int64_t ld = (rows + 15) / 16 * 16;
+          const Tensor<bf16> z = randn<bf16>({rows, width * F}, seed, 0.0, 2.0).to(gpu);
+          const Tensor<bf16> da = randn<bf16>({rows, F}, seed + 1, 0.0, 1.0).to(gpu);
+          const Tensor<float> scales = from_vector<float>({24.0f, 40.0f}, {2}).to(gpu);  // dz's, a's
+          const float* dz_scale = scales.data();
+          const float* a_scale = scales.data() + 1;
+          // The plain backward, then fp8_quantize of its dz and a.
+          Tensor<bf16> dz(Shape{rows, width * F}, gpu), a(Shape{rows, F}, gpu);
+          Tensor<float> db1(Shape{width * F}, gpu), amax = zeros<float>({2}).to(gpu);
+          Tensor<float> partials(Shape{std::max<std::int64_t>(1, cuda::mlp_activation_partials(rows, F, width))}, gpu);
+          cuda::mlp_activation_backward(DType::bf16, 0, form, z.data(), da.data(),
+                                        {.dz = dz.data(), .a = a.data(), .dbias = db1.data(),
+                                         .partials = partials.data(), .wide_dbias = true},
+                                        rows, F);
+          // The codes of either format, as bytes of f8e4m3 tensors.
+          Tensor<f8e4m3> dz_codes(Shape{rows, width * F}, gpu), dz_t(Shape{width * F, ld}, gpu), a_t(Shape{F, ld}, gpu);
+          cuda::fp8_quantize({.dtype = DType::bf16, .x = dz.data(), .rows = rows, .cols = width * F,
+                              .format = dz_format, .scale = dz_scale, .codes = dz_codes.data(),
+                              .transposed = dz_t.data(), .transposed_ld = ld, .amax = amax.data()},
+                             0);
+          cuda::fp8_quantize({.dtype = DType::bf16, .x = a.data(), .rows = rows, .cols = F, .scale = a_scale,
+                              .transposed = a_t.data(), .transposed_ld = ld},
+                             0);
+          // The fused backward; its outputs start as NaN codes, so that a code it leaves unwritten shows.
+          const auto filled = [](const Shape& shape) { return cast<f8e4m3>(full<float>(shape, NAN)).to(gpu); };
+          Tensor<f8e4m3> fused_codes = filled({rows, width * F}), fused_dz_t = filled({width * F, ld}),
+                         fused_a_t = filled({F, ld});
+          Tensor<float> fused_db1(Shape{width * F}, gpu);
+          Tensor<float> fused_partials(
+              Shape{std::max<std::int64_t>(1, cuda::mlp_activation_codes_partials(rows, F, width))}, gpu);
+          cuda::mlp_activation_backward_codes(DType::bf16, 0, form, z.data(), da.data(),
+                                              {.dz_format = dz_format,
+                                               .dz_scale = dz_scale,
+                                               .dz_codes = fused_codes.data(),
+                                               .dz_transposed = every_layout ? fused_dz_t.data() : nullptr,
+                                               .dz_amax = amax.data() + 1,
+                                               .a_scale = a_scale,
+                                               .a_transposed = every_layout ? fused_a_t.data() : nullptr,
+                                               .transposed_ld = ld,
+                                               .dbias = fused_db1.data(),
+                                               .partials = fused_partials.data(),
+                                               .wide_dbias = true},
+                                              rows, F);
+          CHECK(test::bitwise_equal(fused_codes.to(host), dz_codes.to(host)));
+          if (every_layout) {
+            CHECK(test::bitwise_equal(fused_dz_t.to(host), dz_t.to(host)));
+            CHECK(test::bitwise_equal(fused_a_t.to(host), a_t.to(host)));
+          }
+          const Tensor<float> amaxes = amax.to(host);
+          CHECK(amaxes.flat(0) == amaxes.flat(1));
+          // db1: the same dz summed in another order (f32): within f32's rounding of the sum of |dz|.
+          const Tensor<bf16> dz_host = dz.to(host);
+          const Tensor<float> expected = db1.to(host), got = fused_db1.to(host);
+          for (std::int64_t j = 0; j < width * F; ++j) {
+            double magnitude = 0;
+            for (std::int64_t r = 0; r < rows; ++r) magnitude += std::abs(static_cast<double>(dz_host.flat(r * width * F + j)));
+            CHECK(std::abs(static_cast<double>(got.flat(j)) - expected.flat(j)) <= 1e-6 * magnitude);
+          }
+        }
+      }
+    }
+  }
+  const Tensor<bf16> z(Shape{4, 24}, gpu);
+  const Tensor<float> scale = full<float>({1}, 1.0).to(gpu);
+  CHECK_THROWS_WITH_AS(cuda::mlp_activation_backward_codes(DType::bf16, 0, detail::activation_form({}), z.data(),
+                                                           z.data(), {.dz_scale = scale.data()}, 4, 24),
+                       doctest::Contains("the fused backward needs F (24) in a multiple of 16"), Error);
 }
 
 TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {
