@@ -3,6 +3,7 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/autodiff/gradcheck.hpp"
+#include "tapegrad/autodiff/print.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/activation.hpp"
@@ -21,7 +22,10 @@
 #include "tapegrad/ops/optim/sgd.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/ops/softmax.hpp"
+#include "tapegrad/tensor/any_tensor.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/host_memory.hpp"
 #include "tapegrad/tensor/initializers.hpp"
+#include "tapegrad/tensor/io/safetensors.hpp"
+#include "tapegrad/tensor/print.hpp"
 #include "tapegrad/tensor/tensor.hpp"

@@ -90,6 +90,25 @@ void ScalingState::settle() const {
   }
 }
 
+ScalingState::Snapshot ScalingState::snapshot() const {
+  settle();
+  return {.histories = histories_, .scales = scales_, .steps = steps_, .pending = pending_};
+}
+
+void ScalingState::restore(const Snapshot& snapshot) {
+  constexpr const char* op = "fp8::ScalingState::restore";
+  check(snapshot.histories.size() == histories_.size(), op, "the histories hold ", snapshot.histories.size(),
+        " amaxes, the state's ", histories_.size(), " (", role_count, " roles of ", recipe_.amax_history_len, ")");
+  for (float amax : snapshot.histories) check(!(amax < 0.0f), op, "an amax history holds ", amax, ", below 0");
+  for (float scale : snapshot.scales) check(std::isfinite(scale) && scale > 0.0f, op, "a scale is ", scale);
+  check(snapshot.steps >= 0, op, "steps must be >= 0, got ", snapshot.steps);
+  deferred_.clear();
+  histories_ = snapshot.histories;
+  scales_ = snapshot.scales;
+  steps_ = snapshot.steps;
+  pending_ = snapshot.pending;
+}
+
 void ScalingState::update() {
   settle();
   const int length = recipe_.amax_history_len;

@@ -88,6 +88,19 @@ class ScalingState {
   // naming the role and the step, and the step's amaxes are dropped (histories and scales stay as they were).
   void update();
 
+  // The whole state, for checkpoints: every role's history as amax_history gives it (a step in progress's amaxes in
+  // entry 0), the scales, the steps done and whether a step is in progress. restore() puts a snapshot back into a
+  // state of the same history length (the next update() then does what it would have done); it throws naming the
+  // field that does not fit, and changes nothing then.
+  struct Snapshot {
+    std::vector<float> histories;  // [role_count · amax_history_len], role by role
+    std::array<float, role_count> scales{};
+    std::int64_t steps = 0;
+    bool pending = false;
+  };
+  Snapshot snapshot() const;
+  void restore(const Snapshot& snapshot);
+
  private:
   static std::size_t index(Role role) { return static_cast<std::size_t>(role); }
   float& history(Role role, int slot) const;

@@ -1,5 +1,9 @@
 // The README's examples, compiled and run, so that the user's manual stays true.
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
 
 #include "project_attend.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -93,4 +97,49 @@ TEST_CASE("the README's modules example: bf16 parameters stay bf16, mixed precis
   for (const nn::NamedParameter& p : mixed.parameters()) CHECK(std::get<Var<float>>(p.var).grad().defined());
 
   CHECK(nn::summary(model, randn<bf16>({8, 16, 128}, 1)).find("| attn.qkv ") != std::string::npos);
+}
+
+TEST_CASE("the README's safetensors example saves and loads bf16 and f32 tensors by name") {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("tapegrad-readme-" + std::to_string(::getpid()) + ".safetensors");
+  const Tensor<bf16> kernel = randn<bf16>({16, 64}, 1);
+  const Tensor<float> bias = zeros<float>({64});
+  safetensors::save(path, {{"fc1.kernel", kernel}, {"fc1.bias", bias}}, {{"format", "pt"}});
+
+  const safetensors::File file = safetensors::load(path);  // every tensor (pass a Device to load onto a GPU)
+  const Tensor<bf16>& loaded = file.tensors.at("fc1.kernel").get<bf16>();
+
+  const safetensors::MappedFile mapped(path);  // the file mapped, its header checked; no tensor read yet
+  const AnyTensor one = mapped.tensor("fc1.bias");  // one tensor copied out (to a GPU straight from the mapping)
+
+  CHECK(loaded.to_vector() == kernel.to_vector());
+  CHECK(one.get<float>().to_vector() == bias.to_vector());
+  CHECK(file.metadata.at("format") == "pt");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the README's checkpoint example resumes a module and its optimizer from two files") {
+  const std::string tag = std::to_string(::getpid());
+  const std::filesystem::path model_file = std::filesystem::temp_directory_path() / ("model-" + tag + ".safetensors");
+  const std::filesystem::path optimizer_file =
+      std::filesystem::temp_directory_path() / ("optimizer-" + tag + ".safetensors");
+  const nn::LayerNormMLP<bf16> trained(8, {.intermediate_dim = 16}, 1);
+  optim::AdamW trained_optimizer(trained.parameters(), {.lr = 1e-2});
+  backward(sum(square(trained(constant(randn<float>({4, 8}, 2))))));
+  trained_optimizer.step();
+  Tape::active().clear();
+  {
+    const nn::LayerNormMLP<bf16>& model = trained;
+    const optim::AdamW& optimizer = trained_optimizer;
+    nn::save(model, model_file);
+    safetensors::save(optimizer_file, optimizer.state_dict());
+  }
+  nn::LayerNormMLP<bf16> model(8, {.intermediate_dim = 16}, 3);  // the same architecture, another seed
+  optim::AdamW optimizer(model.parameters(), {.lr = 1e-2});
+  nn::load(model, model_file);
+  optimizer.load_state_dict(safetensors::load(optimizer_file).tensors);
+  CHECK(model.wi_kernel().value().to_vector() == trained.wi_kernel().value().to_vector());
+  CHECK(optimizer.state_dict().at("state.wi_kernel.step").get<std::int64_t>().item() == 1);
+  std::filesystem::remove(model_file);
+  std::filesystem::remove(optimizer_file);
 }

@@ -15,7 +15,7 @@
 
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/fp8_dense.hpp"
-#include "tapegrad/ops/nn/fp8_notes.hpp"
+#include "tapegrad/ops/nn/fp8_module.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
 #include "tapegrad/ops/nn/module.hpp"
 
@@ -77,6 +77,10 @@ class Dense : public Module {
   // Delayed scaling's amax histories and scales, which every call advances (null for other recipes and without fp8).
   const fp8::ScalingState* fp8_state() const { return dense_.fp8_state(); }
   std::vector<std::string> summary_notes() const override { return detail::fp8_notes(dense_.fp8); }
+
+ protected:
+  StateDict own_buffers() const override { return detail::fp8_buffers(dense_.fp8); }
+  void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(dense_.fp8, buffers); }
 
  private:
   detail::DenseParameters<P> dense_;

@@ -48,6 +48,10 @@ class LayerNormDense : public Module {
   const fp8::ScalingState* fp8_state() const { return dense_.fp8_state(); }
   std::vector<std::string> summary_notes() const override { return detail::fp8_notes(dense_.fp8); }
 
+ protected:
+  StateDict own_buffers() const override { return detail::fp8_buffers(dense_.fp8); }
+  void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(dense_.fp8, buffers); }
+
  private:
   template <class T> LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x) const {
     check_input(x.shape(), norm_.hidden());

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tapegrad/ops/fp8.hpp"
-#include "tapegrad/ops/nn/fp8_notes.hpp"
+#include "tapegrad/ops/nn/fp8_module.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/layer_norm.hpp"
 
@@ -70,6 +70,10 @@ class LayerNormMLP : public Module {
   const fp8::ScalingState* fp8_state() const { return fp8_ ? fp8_->state.get() : nullptr; }
 
   std::vector<std::string> summary_notes() const override { return detail::fp8_notes(fp8_); }
+
+ protected:
+  StateDict own_buffers() const override { return detail::fp8_buffers(fp8_); }
+  void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(fp8_, buffers); }
 
  private:
   template <class T>

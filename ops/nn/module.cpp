@@ -1,6 +1,12 @@
 #include "tapegrad/ops/nn/module.hpp"
 
 #include <algorithm>
+#include <sstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tapegrad/ops/nn/load_problems.hpp"
 
 namespace tapegrad::nn {
 
@@ -76,6 +82,123 @@ void Module::set_parameter(std::string_view path, const AnyVar& value) {
         }
       },
       own->slot, value);
+}
+
+namespace {
+
+std::string shape_text(const Shape& shape) {
+  std::ostringstream out;
+  out << shape;
+  return out.str();
+}
+
+// Calls fn(prefix, module) for the module (M: Module or const Module) and each descendant, depth first, with the
+// prefix of their paths: "", then "child.", "child.grandchild." ...
+template <class M, class Fn> void for_each_module(M& module, const std::string& prefix, const Fn& fn) {
+  fn(prefix, module);
+  for (const Module::Child& child : module.children()) {
+    for_each_module(static_cast<M&>(*child.module), prefix + child.name + ".", fn);
+  }
+}
+
+// `value` in P on `device`: cast where the dtypes differ (LoadOptions::cast), copied where the devices do.
+template <class P> Tensor<P> as_parameter(const AnyTensor& value, Device device) {
+  return std::visit(
+      [&](const auto& t) {
+        using T = typename std::remove_cvref_t<decltype(t)>::value_type;
+        if constexpr (std::is_same_v<T, P>) {
+          return t.to(device);
+        } else if constexpr (std::is_integral_v<T>) {
+          throw Error("load_state_dict: an integer tensor does not cast to a parameter");  // (checked before)
+          return Tensor<P>();
+        } else {
+          return cast<P>(t.to(Device::cpu())).to(device);
+        }
+      },
+      value.variant());
+}
+
+}  // namespace
+
+StateDict Module::state_dict() const {
+  StateDict dict;
+  for (const NamedParameter& p : parameters()) {
+    std::visit([&](const auto& var) { dict.emplace(p.path, var.value()); }, p.var);
+  }
+  for_each_module(*this, "", [&](const std::string& prefix, const Module& module) {
+    for (const auto& [name, value] : module.own_buffers()) dict.emplace(prefix + name, value);
+  });
+  return dict;
+}
+
+void Module::load_state_dict(const StateDict& dict, const LoadOptions& options) {
+  std::vector<std::string> problems;
+  std::set<std::string, std::less<>> known;
+  // The entry of `path` for something of `dtype` and `shape`; null where it is missing (a problem where strict) or
+  // does not fit (always a problem).
+  const auto entry_for = [&](const std::string& path, DType dtype, const Shape& shape,
+                             bool castable) -> const AnyTensor* {
+    known.insert(path);
+    const auto at = dict.find(path);
+    if (at == dict.end()) {
+      if (options.strict) problems.push_back("'" + path + "' is missing");
+      return nullptr;
+    }
+    const AnyTensor& value = at->second;
+    if (!value.defined()) {
+      problems.push_back("'" + path + "' is undefined");
+      return nullptr;
+    }
+    bool fits = true;
+    if (value.shape() != shape) {
+      problems.push_back("'" + path + "' has shape " + shape_text(value.shape()) + ", the module's is " +
+                         shape_text(shape));
+      fits = false;
+    }
+    const bool float_value = value.dtype() != DType::i32 && value.dtype() != DType::i64;
+    if (value.dtype() != dtype && !(castable && options.cast && float_value)) {
+      problems.push_back("'" + path + "' is " + std::string(dtype_name(value.dtype())) + ", the module's is " +
+                         std::string(dtype_name(dtype)) +
+                         (castable && float_value ? " (LoadOptions::cast rounds it to that)" : ""));
+      fits = false;
+    }
+    return fits ? &value : nullptr;
+  };
+  std::vector<std::pair<const NamedParameter*, const AnyTensor*>> parameter_values;
+  const ParameterList parameters = this->parameters();
+  for (const NamedParameter& p : parameters) {
+    if (const AnyTensor* value = entry_for(p.path, p.dtype(), p.shape(), true)) {
+      parameter_values.emplace_back(&p, value);
+    }
+  }
+  std::vector<std::pair<Module*, StateDict>> buffer_values;
+  for_each_module(*this, "", [&](const std::string& prefix, Module& module) {
+    StateDict own;
+    bool complete = true;
+    for (const auto& [name, current] : module.own_buffers()) {
+      const AnyTensor* value = entry_for(prefix + name, current.dtype(), current.shape(), false);
+      if (value) own.emplace(name, *value);
+      else complete = false;
+    }
+    if (complete && !own.empty()) buffer_values.emplace_back(&module, std::move(own));
+  });
+  if (options.strict) {
+    for (const auto& [path, value] : dict) {
+      if (!known.contains(path)) problems.push_back("'" + path + "' is not in the module");
+    }
+  }
+  if (!problems.empty()) detail::throw_load_problems(type_name_, problems);
+  for (const auto& [p, value] : parameter_values) {
+    std::visit(
+        [&](const auto& var) {
+          using P = typename std::remove_cvref_t<decltype(var.value())>::value_type;
+          const Tensor<P> loaded = as_parameter<P>(*value, var.device());
+          Tensor<P>& slot = var.slot()->value;
+          copy_bytes(slot.data(), slot.device(), loaded.data(), loaded.device(), slot.numel() * sizeof(P));
+        },
+        p->var);
+  }
+  for (auto& [module, buffers] : buffer_values) module->load_own_buffers(buffers);
 }
 
 Module& Module::to(Device device) {

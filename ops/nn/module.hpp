@@ -33,12 +33,21 @@
 #include "tapegrad/ops/nn/call_trace.hpp"
 #include "tapegrad/ops/nn/parameter.hpp"
 #include "tapegrad/tensor/initializers.hpp"
+#include "tapegrad/tensor/io/safetensors.hpp"
 
 namespace tapegrad::nn {
 
 // A seed for the part of a module called `name`, derived from the module's seed: each parameter and child draws
 // from its own stream, and the same seed always gives the same parameters.
 std::uint64_t derive_seed(std::uint64_t seed, std::string_view name);
+
+// A module's state as tensors by dotted path (what safetensors files hold: safetensors::TensorMap).
+using StateDict = safetensors::TensorMap;
+
+struct LoadOptions {
+  bool strict = true;  // entries missing from the dict, and entries the module has not, are errors; else skipped
+  bool cast = false;   // a parameter's entry in another float dtype is rounded to the parameter's; else an error
+};
 
 class Module {
  public:
@@ -74,6 +83,15 @@ class Module {
   // did not create, or how trained values are loaded.)
   void set_parameter(std::string_view path, const AnyVar& value);
 
+  // The module's state by dotted path: every parameter (sharing its storage) and what modules keep besides
+  // parameters ("buffers": delayed scaling's histories and scales, e.g. "mlp.fp8_amax_history").
+  StateDict state_dict() const;
+  // Copies each entry into the parameter or buffer of its path, in place: the module, optimizers and users holding a
+  // parameter see the loaded values, on the parameter's device and in its dtype (a bf16 module stays bf16). Every
+  // problem (missing and unexpected entries where strict, wrong shapes, wrong dtypes unless cast) is reported at
+  // once, in one Error naming the module and each path, and then nothing is changed.
+  void load_state_dict(const StateDict& dict, const LoadOptions& options = {});
+
   // Registers `parameter`, a member of the subclass, as own parameter `name`.
   template <class P> void add_parameter(std::string name, Var<P>& parameter) {
     static_assert(is_float_dtype_v<P>, "parameters are f32, f64, bf16 or f16");
@@ -95,6 +113,11 @@ class Module {
   virtual std::vector<std::string> summary_notes() const { return {}; }
 
  protected:
+  // The module's own buffers, named without a prefix (none by default), and how it takes them back:
+  // load_own_buffers receives exactly the names own_buffers() gives, each checked for its dtype and shape.
+  virtual StateDict own_buffers() const { return {}; }
+  virtual void load_own_buffers(const StateDict& buffers) { (void)buffers; }
+
   // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...). The
   // inputs (Vars) are checked to be defined first, naming the module.
   template <class Body, class... Inputs> auto traced(Body&& body, const Inputs&... inputs) const {

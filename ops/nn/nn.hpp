@@ -1,8 +1,9 @@
 // The neural-network modules in one include: Module, LayerNorm, Dense, LayerNormDense, LayerNormMLP,
-// MultiHeadAttention and summary().
+// MultiHeadAttention, summary(), and save / load of a module's state_dict.
 #pragma once
 
 #include "tapegrad/ops/nn/attention.hpp"
+#include "tapegrad/ops/nn/checkpoint.hpp"
 #include "tapegrad/ops/nn/dense.hpp"
 #include "tapegrad/ops/nn/layer_norm.hpp"
 #include "tapegrad/ops/nn/layer_norm_dense.hpp"

@@ -38,9 +38,14 @@ class Adam : public Optimizer {
   Adam(std::string name, nn::ParameterList parameters, AdamOptions options, bool decoupled_weight_decay);
 
  private:
+  // Throws naming the option when one is out of range.
+  void check_options(const AdamOptions& options) const;
   // The rule of a parameter's update number t, in state precision S.
   template <class S> AdamRule<S> rule(std::int64_t t) const;
   void update(UpdateTarget& target, std::int64_t t) const override;
+  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
+  void set_hyperparameters(const std::map<std::string, double, std::less<>>& values) override;
 
   AdamOptions options_;
   bool decoupled_;

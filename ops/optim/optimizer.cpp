@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "tapegrad/cuda/optim.hpp"
+#include "tapegrad/ops/nn/load_problems.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -135,6 +139,97 @@ void Optimizer::update_parameter(const Var<T>& var, ParameterState& state) {
 
   ParameterUpdate<T> target(var.value(), grad, buffers, state_buffers_);
   update(target, t);
+}
+
+nn::StateDict Optimizer::state_dict() const {
+  nn::StateDict dict;
+  for (const auto& [name, value] : hyperparameters()) {
+    dict.emplace("hyperparameters." + name, from_vector<double>({value}, {}));
+  }
+  const std::vector<std::string> buffers = buffer_names();
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const std::string prefix = "state." + parameters_[i].path + ".";
+    const ParameterState& state = states_[i];
+    dict.emplace(prefix + "step", from_vector<std::int64_t>({state.updates}, {}));
+    for (std::size_t k = 0; k < state.f32.size(); ++k) dict.emplace(prefix + buffers[k], state.f32[k]);
+    for (std::size_t k = 0; k < state.f64.size(); ++k) dict.emplace(prefix + buffers[k], state.f64[k]);
+  }
+  return dict;
+}
+
+void Optimizer::load_state_dict(const nn::StateDict& dict) {
+  std::vector<std::string> problems;
+  std::set<std::string, std::less<>> known;
+  // The entry of `key` if it has `dtype` and `shape`, else null and a problem.
+  const auto entry = [&](const std::string& key, DType dtype, const Shape& shape) -> const AnyTensor* {
+    known.insert(key);
+    const auto at = dict.find(key);
+    if (at == dict.end()) {
+      problems.push_back("'" + key + "' is missing");
+      return nullptr;
+    }
+    const AnyTensor& value = at->second;
+    if (!value.defined() || value.dtype() != dtype || value.shape() != shape) {
+      std::ostringstream text;
+      text << "'" << key << "' is ";
+      if (value.defined()) text << dtype_name(value.dtype()) << " " << value.shape();
+      else text << "undefined";
+      text << ", not " << dtype_name(dtype) << " " << shape;
+      problems.push_back(text.str());
+      return nullptr;
+    }
+    return &value;
+  };
+  const auto scalar = [](const AnyTensor& value, auto tag) {
+    return value.get<decltype(tag)>().to(Device::cpu()).item();
+  };
+  std::map<std::string, double, std::less<>> values;
+  for (const auto& [name, current] : hyperparameters()) {
+    if (const AnyTensor* value = entry("hyperparameters." + name, DType::f64, Shape{})) {
+      values.emplace(name, scalar(*value, double{}));
+    }
+  }
+  const std::vector<std::string> buffers = buffer_names();
+  std::vector<std::int64_t> updates(parameters_.size(), 0);
+  std::vector<std::vector<const AnyTensor*>> buffer_values(parameters_.size());
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const nn::NamedParameter& p = parameters_[i];
+    const std::string prefix = "state." + p.path + ".";
+    if (const AnyTensor* step = entry(prefix + "step", DType::i64, Shape{})) {
+      updates[i] = scalar(*step, std::int64_t{});
+      if (updates[i] < 0) problems.push_back("'" + prefix + "step' is " + std::to_string(updates[i]) + ", below 0");
+    }
+    if (updates[i] <= 0) continue;  // no state before the first update
+    const DType state_dtype = p.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    for (const std::string& buffer : buffers) {
+      buffer_values[i].push_back(entry(prefix + buffer, state_dtype, p.shape()));
+    }
+  }
+  for (const auto& [key, value] : dict) {
+    if (!known.contains(key)) problems.push_back("'" + key + "' is not this optimizer's");
+  }
+  if (!problems.empty()) nn::detail::throw_load_problems(name_, problems);
+  try {
+    set_hyperparameters(values);  // (checked: it throws before it changes anything)
+  } catch (const Error& e) {
+    nn::detail::throw_load_problems(name_, {e.what()});
+  }
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    ParameterState& state = states_[i];
+    state = ParameterState{.updates = updates[i], .f32 = {}, .f64 = {}};
+    const Device device = parameters_[i].device();
+    for (const AnyTensor* value : buffer_values[i]) {
+      std::visit(
+          [&](const auto& t) {
+            using S = typename std::remove_cvref_t<decltype(t)>::value_type;
+            if constexpr (std::is_same_v<S, float> || std::is_same_v<S, double>) {
+              // A copy of its own: the optimizer updates its buffers in place.
+              state.buffers<S>().push_back(t.device() == device ? t.clone() : t.to(device));
+            }
+          },
+          value->variant());
+    }
+  }
 }
 
 nn::ParameterList numbered(const std::vector<nn::AnyVar>& vars) {

@@ -14,13 +14,17 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "tapegrad/ops/nn/module.hpp"
 #include "tapegrad/ops/nn/parameter.hpp"
 #include "tapegrad/tensor/core/update_rules.hpp"
 
@@ -55,6 +59,16 @@ class Optimizer {
   void zero_grad();
   const nn::ParameterList& parameters() const { return parameters_; }
 
+  // The optimizer's state for checkpoints (PyTorch's names): "hyperparameters.<name>" (f64 scalars: lr, betas, ...;
+  // a flag as 0 or 1), and per parameter path "state.<path>.step" (its updates, an i64 scalar) and, once it has
+  // state, "state.<path>.<buffer>" ("momentum_buffer"; "exp_avg", "exp_avg_sq") in the state's precision. The
+  // buffers share the optimizer's storage (saving copies them).
+  nn::StateDict state_dict() const;
+  // Takes back what state_dict gave, for the same parameters: a run resumed from it continues bitwise as the
+  // uninterrupted one. Every problem (missing or unexpected entries, wrong dtypes or shapes, hyperparameters out of
+  // range) is reported at once in one Error naming the optimizer and each entry, and then nothing is changed.
+  void load_state_dict(const nn::StateDict& dict);
+
  protected:
   // `name` prefixes every error; `state_buffers` (at most max_state_buffers) is the rule's buffer count per parameter.
   // Throws when a parameter is undefined or appears twice.
@@ -66,6 +80,12 @@ class Optimizer {
  private:
   // Applies the rule of a parameter's update number t (1 on its first) to `target`.
   virtual void update(UpdateTarget& target, std::int64_t t) const = 0;
+  // The names of the rule's state buffers, in the order the rule keeps them.
+  virtual std::vector<std::string> buffer_names() const = 0;
+  // The hyperparameters by name, and setting them all back (checked as the constructor checks them, and against
+  // the state buffers the optimizer was made with); `values` holds exactly the names hyperparameters() gives.
+  virtual std::vector<std::pair<std::string, double>> hyperparameters() const = 0;
+  virtual void set_hyperparameters(const std::map<std::string, double, std::less<>>& values) = 0;
 
   struct ParameterState {
     std::int64_t updates = 0;

@@ -30,9 +30,14 @@ class SGD final : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  private:
+  // Throws naming the option when one is out of range.
+  void check_options(const SGDOptions& options) const;
   // The rule of a parameter's update number t, in state precision S.
   template <class S> SGDRule<S> rule(std::int64_t t) const;
   void update(UpdateTarget& target, std::int64_t t) const override;
+  std::vector<std::string> buffer_names() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
+  void set_hyperparameters(const std::map<std::string, double, std::less<>>& values) override;
 
   SGDOptions options_;
 };
