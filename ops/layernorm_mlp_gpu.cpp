@@ -379,7 +379,9 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
     if (!aq.codes) aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, true, false, true);
     s.fp8->product(aq, Fp8Layout::codes, s.w2q, Fp8Layout::transposed, M, Hp, Fp, dtype_v<T>, y.data(),
                    data_or_null(s.b2), 0.0, true);
-    s.w2q.transposed.reset();  // (the backward reads W2's codes only; W1's transpose where it recomputes z)
+    // The backward reads W2's and W1's codes, and W1's transpose only where it makes z again.
+    s.w2q.transposed.reset();
+    if (options.recompute != Recompute::recompute_all) s.w1q.transposed.reset();
   } else {
     product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
   }
