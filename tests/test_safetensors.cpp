@@ -60,7 +60,7 @@ template <class T> Tensor<T> random_bits(const Shape& shape, std::mt19937_64& rn
 
 bool same_bits(const AnyTensor& a, const AnyTensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && a.device() == b.device() &&
-         std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+         (a.bytes() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
 }
 
 }  // namespace

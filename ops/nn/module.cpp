@@ -194,7 +194,9 @@ void Module::load_state_dict(const StateDict& dict, const LoadOptions& options) 
           using P = typename std::remove_cvref_t<decltype(var.value())>::value_type;
           const Tensor<P> loaded = as_parameter<P>(*value, var.device());
           Tensor<P>& slot = var.slot()->value;
-          copy_bytes(slot.data(), slot.device(), loaded.data(), loaded.device(), slot.numel() * sizeof(P));
+          if (slot.numel() > 0) {
+            copy_bytes(slot.data(), slot.device(), loaded.data(), loaded.device(), slot.numel() * sizeof(P));
+          }
         },
         p->var);
   }

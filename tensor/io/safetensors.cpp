@@ -237,7 +237,7 @@ template <class Write> void emit(const TensorMap& tensors, const Metadata& metad
   write(text.data(), text.size());
   for (const auto& [name, tensor] : tensors) {
     const AnyTensor host = tensor.to(Device::cpu());
-    write(host.data(), host.bytes());
+    if (host.bytes() > 0) write(host.data(), host.bytes());  // (an empty tensor may have no storage to point at)
   }
 }
 
