@@ -1,7 +1,6 @@
 #include "tapegrad/ops/nn/module.hpp"
 
 #include <algorithm>
-#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,12 +85,6 @@ void Module::set_parameter(std::string_view path, const AnyVar& value) {
 
 namespace {
 
-std::string shape_text(const Shape& shape) {
-  std::ostringstream out;
-  out << shape;
-  return out.str();
-}
-
 // Calls fn(prefix, module) for the module (M: Module or const Module) and each descendant, depth first, with the
 // prefix of their paths: "", then "child.", "child.grandchild." ...
 template <class M, class Fn> void for_each_module(M& module, const std::string& prefix, const Fn& fn) {
@@ -151,8 +144,8 @@ void Module::load_state_dict(const StateDict& dict, const LoadOptions& options) 
     }
     bool fits = true;
     if (value.shape() != shape) {
-      problems.push_back("'" + path + "' has shape " + shape_text(value.shape()) + ", the module's is " +
-                         shape_text(shape));
+      problems.push_back(
+          tapegrad::detail::concat("'", path, "' has shape ", value.shape(), ", the module's is ", shape));
       fits = false;
     }
     const bool float_value = value.dtype() != DType::i32 && value.dtype() != DType::i64;

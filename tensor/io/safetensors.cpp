@@ -39,12 +39,6 @@ template <class... Parts> [[noreturn]] void bad(std::string_view source, Parts&&
   throw Error(detail::concat("safetensors: ", source, ": ", std::forward<Parts>(parts)...));
 }
 
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (int i = 0; i < shape.rank(); ++i) text += (i ? ", " : "") + std::to_string(shape.dim(i));
-  return text + "]";
-}
-
 // A header's checked contents; data_start: where the data begins in the file (8 + the header's length).
 struct Header {
   std::map<std::string, Entry, std::less<>> entries;
@@ -140,7 +134,7 @@ Entry entry_of(const std::string& name, const json& value, std::string_view sour
     bad(source, "tensor '", name, "': data_offsets [", entry.begin, ", ", entry.end, "] end before they begin");
   }
   if (entry.end - entry.begin != bytes) {
-    bad(source, "tensor '", name, "': shape ", shape_text(entry.shape), " of ", format_name(entry.dtype), " takes ",
+    bad(source, "tensor '", name, "': shape ", entry.shape, " of ", format_name(entry.dtype), " takes ",
         bytes, " bytes, but data_offsets [", entry.begin, ", ", entry.end, "] hold ", entry.end - entry.begin);
   }
   return entry;
