@@ -8,8 +8,8 @@
 // ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
 // GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned"), and in each
 // "precision": bf16 products, and fp8 with delayed scaling and with current scaling (TransformerEngine's defaults,
-// HYBRID format). Delayed scaling's step ends on the host at the next forward, which reads the amaxes back: it is
-// not captured as a graph.
+// HYBRID format) and with block scaling. Delayed scaling's step ends on the host at the next forward, which reads the
+// amaxes back: it is not captured as a graph.
 #include <optional>
 #include <string>
 
@@ -52,6 +52,7 @@ const Precision precisions[] = {
     {"bf16", std::nullopt, true},
     {"fp8_delayed", fp8::DelayedScaling{}, false},
     {"fp8_current", fp8::CurrentScaling{}, true},
+    {"fp8_block", fp8::BlockScaling{}, true},
 };
 
 void run_config(const Config& c, const Precision& precision, bool autotune) {

@@ -14,7 +14,7 @@
 #     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
-#                           NCU_PRECISION=delayed|current: the products in fp8)
+#                           NCU_PRECISION=delayed|current|block: the products in fp8)
 #     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).

@@ -1,7 +1,7 @@
 // One forward+backward step of the layernorm_mlp node (bf16, the block bench/gpu_layernorm_mlp.cpp times) between
 // cudaProfilerStart and cudaProfilerStop, after three unprofiled steps: for a per-kernel profile,
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
-//       layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]   (one command line)
+//       layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current|block]]   (one command line)
 // gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks); the last word
 // quantizes the products to fp8 with that recipe.
 #include <cuda_profiler_api.h>
@@ -18,7 +18,7 @@ using namespace tapegrad;
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current|block]]\n", argv[0]);
     return 2;
   }
   const bool swiglu = std::string(argv[4]) == "swiglu";
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   std::optional<fp8::Recipe> recipe;
   if (precision == "delayed") recipe = fp8::DelayedScaling{};
   if (precision == "current") recipe = fp8::CurrentScaling{};
+  if (precision == "block") recipe = fp8::BlockScaling{};
   const bench::GpuMlpBlock block(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]),
                                  swiglu ? NormType::rmsnorm : NormType::layernorm,
                                  swiglu ? Activation::swiglu : Activation::gelu, !swiglu, recipe);

@@ -57,6 +57,14 @@ DType output_dtype(const GemmArgs& g) {
 DType a_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->a : g.dtype; }
 DType b_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->b : g.dtype; }
 
+const char* scaling_name(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::tiles_1x128: return " (1x128 tiles)";
+    case Fp8Scaling::blocks_128x128: return " (128x128 blocks)";
+    default: return "";
+  }
+}
+
 // The problem in words, formatted only where it is printed: check() and TAPEGRAD_CUBLAS_CHECK print it on failure
 // alone (formatted on every call, it cost a small layernorm_mlp step about a fifth of its host time).
 struct Described {
@@ -67,7 +75,10 @@ Described describe(const GemmArgs& g) { return {g}; }
 std::ostream& operator<<(std::ostream& out, const Described& d) {
   const GemmArgs& g = d.g;
   const Extent a = stored_a(g), b = stored_b(g);
-  if (g.fp8) out << dtype_name(g.fp8->a) << " × " << dtype_name(g.fp8->b) << " to ";
+  if (g.fp8) {
+    out << dtype_name(g.fp8->a) << scaling_name(g.fp8->a_scaling) << " × " << dtype_name(g.fp8->b)
+        << scaling_name(g.fp8->b_scaling) << " to ";
+  }
   return out << dtype_name(g.dtype) << (output_dtype(g) != g.dtype ? " (f32 output)" : "") << " gemm of op(A) ["
              << g.M << ", " << g.K << "] and op(B) [" << g.K << ", " << g.N << "], batch " << g.batch
              << ": A stored [" << a.rows << ", " << a.cols << "]" << (g.a.transpose ? " (transposed)" : "")
@@ -101,6 +112,17 @@ void validate_fp8(const GemmArgs& g) {
   // (cuBLASLt refuses the product when run with a scale pointer that is not.)
   check(aligned_16(f.a_scale_inv) && aligned_16(f.b_scale_inv), "gemm",
         "fp8 operands' scale_inv pointers must be 16-byte aligned: the ", describe(g));
+  const bool tiled = f.a_scaling != Fp8Scaling::tensor || f.b_scaling != Fp8Scaling::tensor;
+  check(!(f.a_scaling == Fp8Scaling::blocks_128x128 && f.b_scaling == Fp8Scaling::blocks_128x128), "gemm",
+        "Hopper's block-scaled FP8 kernels take at most one operand in 128x128 blocks: the ", describe(g));
+  check(!tiled || (!f.fast_accumulation && !g.bias), "gemm",
+        "block-scaled fp8 operands take neither fast accumulation nor a bias: the ", describe(g));
+  // (cuBLASLt reads 1×128 scales in rows of exactly the operand's rows, which TMA needs 16-byte aligned, and refuses
+  // other sizes; it refuses K = 200, and for K = 16 returned wrong sums with beta = 1: measured on an H200, CUDA 13.)
+  check((f.a_scaling != Fp8Scaling::tiles_1x128 || g.M % 4 == 0) &&
+            (f.b_scaling != Fp8Scaling::tiles_1x128 || g.N % 4 == 0),
+        "gemm", "an operand in 1x128 tiles needs its rows (M for A, N for B) a multiple of 4: the ", describe(g));
+  check(!tiled || g.K % 128 == 0, "gemm", "block-scaled fp8 operands need K a multiple of 128: the ", describe(g));
   // (cuBLASLt's FP8 kernels misread an f32 bias: measured wrong on an H200 with CUDA 13.)
   check(!g.bias || g.dtype != DType::f32, "gemm", "an fp8 product adds a bias only to a bf16 or f16 output: the ",
         describe(g));
@@ -200,6 +222,14 @@ void init_layout(cublasLtMatrixLayoutOpaque_t& layout, DType dtype, Extent e, st
 
 cublasOperation_t operation(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+std::int32_t scale_mode(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::tiles_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Scaling::blocks_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+
 cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
   if (g.dgelu_input) return g.bias_gradient ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   if (g.gelu_input) return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
@@ -228,6 +258,10 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
     set(&p.matmul, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.fp8->b_scale_inv, g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.fp8->a_scale_inv, g);
     set(&p.matmul, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(g.fp8->fast_accumulation), g);
+    if (g.fp8->a_scaling != Fp8Scaling::tensor || g.fp8->b_scaling != Fp8Scaling::tensor) {
+      set(&p.matmul, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(g.fp8->b_scaling), g);
+      set(&p.matmul, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(g.fp8->a_scaling), g);
+    }
   }
   init_layout(p.first, b_dtype(g), stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
   init_layout(p.second, a_dtype(g), stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
@@ -239,6 +273,7 @@ struct AlgoKey {
   int device;
   DType dtype, output, a_dtype, b_dtype;
   bool tf32, tuned, fast_accumulation, trans_a, trans_b;
+  Fp8Scaling a_scaling, b_scaling;
   std::uint32_t epilogue;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
   std::uint32_t align_a, align_b, align_c, align_bias, align_aux;
@@ -258,6 +293,8 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           g.fp8 && g.fp8->fast_accumulation,
           g.a.transpose,
           g.b.transpose,
+          g.fp8 ? g.fp8->a_scaling : Fp8Scaling::tensor,
+          g.fp8 ? g.fp8->b_scaling : Fp8Scaling::tensor,
           static_cast<std::uint32_t>(epilogue_of(g)),
           g.M,
           g.N,
@@ -473,6 +510,16 @@ void empty_product(const GemmArgs& g, const Launch& launch) {
 }
 
 }  // namespace
+
+Fp8ScaleShape fp8_scale_shape(Fp8Scaling scaling, std::int64_t outer, std::int64_t K) {
+  const auto round_up_4 = [](std::int64_t n) { return (n + 3) / 4 * 4; };
+  const auto tiles = [](std::int64_t n) { return (n + 127) / 128; };
+  switch (scaling) {
+    case Fp8Scaling::tiles_1x128: return {tiles(K), round_up_4(outer)};
+    case Fp8Scaling::blocks_128x128: return {tiles(outer), round_up_4(tiles(K))};
+    default: return {};
+  }
+}
 
 void gemm(const GemmArgs& g, int device) {
   check_device_index(device, "gemm");

@@ -47,11 +47,27 @@ struct GemmOutput {
 // stored [M, K] (not transposed) and B stored [N, K] (transposed). The accumulation is f32; fast_accumulation lets
 // the tensor cores keep fewer bits between their partial sums (TransformerEngine's choice for the forward's
 // products).
+//
+// Block scaling (Hopper's block-scaled FP8 kernels) gives an operand stored [outer, K] a scale per tile instead, the
+// f32 scales at a 16-byte aligned address, laid out as cuBLASLt reads them (fp8_scale_shape):
+//   tiles_1x128 (cuBLASLt's VEC128_32F): elements [o, 128k .. 128k + 128) at index k · round_up(outer, 4) + o;
+//   blocks_128x128 (BLK128x128_32F): elements [128i .., 128k ..) at index i · round_up(⌈K / 128⌉, 4) + k.
+// Tiled operands take no fast accumulation nor a bias, whole tiles along K (a multiple of 128), at most one of the
+// two is in blocks, and one in 1×128 tiles has its rows (M for A, N for B) a multiple of 4.
+enum class Fp8Scaling : std::uint8_t { tensor, tiles_1x128, blocks_128x128 };
+// The scales of an operand stored [outer, K]: `rows` rows of `ld` floats (1 × 1 for one scale per tensor).
+struct Fp8ScaleShape {
+  std::int64_t rows = 1, ld = 1;
+  std::int64_t count() const { return rows * ld; }
+};
+Fp8ScaleShape fp8_scale_shape(Fp8Scaling scaling, std::int64_t outer, std::int64_t K);
+
 struct GemmFp8 {
   DType a = DType::f8e4m3, b = DType::f8e4m3;
   const float* a_scale_inv = nullptr;
   const float* b_scale_inv = nullptr;
   bool fast_accumulation = false;
+  Fp8Scaling a_scaling = Fp8Scaling::tensor, b_scaling = Fp8Scaling::tensor;
 };
 
 struct GemmArgs {
@@ -76,8 +92,8 @@ struct GemmArgs {
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
   // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
   bool wide_output = false;
-  // Optional: A and B in fp8 (above), C in dtype (bf16, f16 or f32), a bias only with bf16 or f16; one product, no
-  // GELU epilogues.
+  // Optional: A and B in fp8 (above), C in dtype (bf16, f16 or f32), a bias only with bf16 or f16 and per-tensor
+  // scales; one product, no GELU epilogues.
   const GemmFp8* fp8 = nullptr;
 };
 

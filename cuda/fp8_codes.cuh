@@ -1,5 +1,5 @@
-// FP8 on the device, for the kernels that write fp8 codes (cuda/fp8_quantize.cu, cuda/mlp_activation*.cu): a value's
-// code, a block's amax and a run's loads. Internal to cuda/.
+// FP8 on the device, for the kernels that write fp8 codes (cuda/fp8_*quantize.cu, cuda/mlp_activation*.cu): a value's
+// code, a block's amax, a run's loads and a tile's transposed stores. Internal to cuda/.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -48,6 +48,55 @@ template <int R, class S> __device__ __forceinline__ void load_run(const S* x, f
     const uint4 bits = *reinterpret_cast<const uint4*>(x + k * per_load);
     const S* values = reinterpret_cast<const S*>(&bits);
     for (int j = 0; j < per_load; ++j) v[k * per_load + j] = to_compute<float>(values[j]);
+  }
+}
+
+// Elements [c, c + R) of row r of x [rows, cols] as f32, zero past the matrix's edges; one run of 16-byte loads
+// where `aligned` (cols a multiple of R, x 16-byte aligned) and the run lies whole inside. Returns whether it did.
+template <int R, class S>
+__device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows, std::int64_t cols, std::int64_t r,
+                                                  std::int64_t c, bool aligned, float (&v)[R]) {
+  const bool whole = aligned && r < rows && c + R <= cols;
+  if (whole) {
+    load_run(x + r * cols + c, v);
+  } else {
+    for (int j = 0; j < R; ++j) v[j] = r < rows && c + j < cols ? to_compute<float>(x[r * cols + c + j]) : 0.0f;
+  }
+  return whole;
+}
+
+// The codes q of elements [c, c + 8) of row r into codes [rows, cols], none past its edges: one 8-byte store where
+// `whole` (load_run_or_zeros's answer for the run, with codes 8-byte aligned where it was asked to load whole runs).
+__device__ __forceinline__ void store_run(std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t r,
+                                          std::int64_t c, bool whole, const std::uint8_t (&q)[8]) {
+  if (whole) {
+    *reinterpret_cast<uint2*>(codes + r * cols + c) = *reinterpret_cast<const uint2*>(q);
+  } else if (r < rows) {
+    for (int j = 0; j < 8 && c + j < cols; ++j) codes[r * cols + c + j] = q[j];
+  }
+}
+
+// The transpose of a tile of codes, block[i][j] the code of x's element (r0 + i, c0 + j), into transposed [cols, ld]
+// up to row padded_rows: each thread of the block writes runs of 8 codes down a column, as one 8-byte store where
+// `aligned` (ld a multiple of 8, transposed 8-byte aligned). Called by every thread of the block, after the tile is
+// complete in shared memory.
+template <int Tile, int Ld>
+__device__ __forceinline__ void store_transposed(const std::uint8_t (&block)[Tile][Ld], std::int64_t r0,
+                                                 std::int64_t c0, std::int64_t cols, std::int64_t padded_rows,
+                                                 std::uint8_t* transposed, std::int64_t ld, bool aligned) {
+  constexpr int run = 8;
+  const int threads = blockDim.x * blockDim.y, thread = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int k = thread; k < Tile * Tile / run; k += threads) {
+    const int j = k / (Tile / run), i0 = k % (Tile / run) * run;  // column j of the tile, its rows i0 ..
+    const std::int64_t c = c0 + j, r = r0 + i0;
+    if (c >= cols) continue;
+    alignas(8) std::uint8_t q[run];
+    for (int i = 0; i < run; ++i) q[i] = block[i0 + i][j];
+    if (aligned && r + run <= padded_rows) {
+      *reinterpret_cast<uint2*>(transposed + c * ld + r) = *reinterpret_cast<const uint2*>(q);
+    } else {
+      for (int i = 0; i < run && r + i < padded_rows; ++i) transposed[c * ld + r + i] = q[i];
+    }
   }
 }
 

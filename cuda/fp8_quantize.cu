@@ -52,38 +52,18 @@ __global__ void __launch_bounds__(quantize_threads)
       const int i = k / (tile / run), j0 = k % (tile / run) * run;
       const std::int64_t r = r0 + i, c = c0 + j0;
       float v[run];
-      const bool whole = aligned && r < rows && c + run <= cols;
-      if (whole) {
-        load_run(x + r * cols + c, v);
-      } else {
-        for (int j = 0; j < run; ++j) v[j] = r < rows && c + j < cols ? to_compute<float>(x[r * cols + c + j]) : 0.0f;
-      }
+      const bool whole = load_run_or_zeros(x, rows, cols, r, c, aligned, v);
       alignas(8) std::uint8_t q[run];
       for (int j = 0; j < run; ++j) {
         m = max(m, __float_as_uint(fabsf(v[j])));
         q[j] = to_fp8<F>(v[j] * scale);
         block[i][j0 + j] = q[j];
       }
-      if (codes && whole) {
-        *reinterpret_cast<uint2*>(codes + r * cols + c) = *reinterpret_cast<const uint2*>(q);
-      } else if (codes && r < rows) {
-        for (int j = 0; j < run && c + j < cols; ++j) codes[r * cols + c + j] = q[j];
-      }
+      if (codes) store_run(codes, rows, cols, r, c, whole, q);
     }
     if (transposed == nullptr) continue;  // (the same for every thread of the block)
     __syncthreads();
-    for (int k = threadIdx.x; k < runs_per_tile; k += quantize_threads) {
-      const int j = k / (tile / run), i0 = k % (tile / run) * run;  // column j of the tile, its rows i0 ..
-      const std::int64_t c = c0 + j, r = r0 + i0;
-      if (c >= cols) continue;
-      alignas(8) std::uint8_t q[run];
-      for (int i = 0; i < run; ++i) q[i] = block[i0 + i][j];
-      if (transposed_aligned && r + run <= padded_rows) {
-        *reinterpret_cast<uint2*>(transposed + c * transposed_ld + r) = *reinterpret_cast<const uint2*>(q);
-      } else {
-        for (int i = 0; i < run && r + i < padded_rows; ++i) transposed[c * transposed_ld + r + i] = q[i];
-      }
-    }
+    store_transposed(block, r0, c0, cols, padded_rows, transposed, transposed_ld, transposed_aligned);
     __syncthreads();  // the tile is read before the next one overwrites it
   }
   if (amax_bits) merge_amax(m, amax_bits);  // (the same for every thread of the block)

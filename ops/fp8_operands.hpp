@@ -9,7 +9,8 @@
 // A GEMM input is read with its inner (summed) dimension along its rows or its columns. One scale per tensor reads
 // the same either way; block scaling's 1×128 tiles follow the inner dimension, so an activation or a gradient is
 // quantized twice, once for the product that sums over its columns and once for the weight gradient that sums over
-// its rows. The weights' 128×128 blocks read the same either way.
+// its rows. The weights' 128×128 blocks read the same either way. A gated block's W1 and dz ([.., n, F]) tile each of
+// their n parts on its own (as TransformerEngine's, whose tiles run over n · F, where F is a multiple of 128).
 #pragma once
 
 #include <array>
@@ -48,20 +49,22 @@ template <class T> class Fp8Operands {
   // Whether an input's quantization depends on the way it is read.
   bool tiled() const { return std::holds_alternative<fp8::BlockScaling>(q_.recipe); }
 
-  // Weight `role` ([rows, cols], in P) as the products read it.
-  template <class P> Tensor<C> weight(fp8::Role role, const Tensor<P>& w, std::int64_t rows, std::int64_t cols) const {
+  // Weight `role` ([rows, cols], in P, its columns `parts` equal parts) as the products read it.
+  template <class P>
+  Tensor<C> weight(fp8::Role role, const Tensor<P>& w, std::int64_t rows, std::int64_t cols,
+                   std::int64_t parts = 1) const {
     if (!tiled()) return per_tensor(role, w, true);
     require_finite(role, amax_of(w));
-    return block_quantized<C>(w, rows, cols, 128, 128);
+    return block_quantized<C>(w, rows, cols, 128, 128, parts);
   }
 
-  // Input `role` ([rows, cols], in T) as a product reads it; `first`: the pass's first quantization of this tensor,
-  // whose amax delayed scaling records.
-  Tensor<C> input(fp8::Role role, const Tensor<T>& x, std::int64_t rows, std::int64_t cols, Inner inner,
-                  bool first) const {
+  // Input `role` ([rows, cols], in T, its columns `parts` equal parts) as a product reads it; `first`: the pass's
+  // first quantization of this tensor, whose amax delayed scaling records.
+  Tensor<C> input(fp8::Role role, const Tensor<T>& x, std::int64_t rows, std::int64_t cols, Inner inner, bool first,
+                  std::int64_t parts = 1) const {
     if (!tiled()) return per_tensor(role, x, first);
     require_finite(role, amax_of(x));
-    return inner == Inner::along_columns ? block_quantized<C>(x, rows, cols, 1, 128)
+    return inner == Inner::along_columns ? block_quantized<C>(x, rows, cols, 1, 128, parts)
                                          : block_quantized<C>(x, rows, cols, 128, 1);
   }
   // The same input read along its rows, given its quantization along its columns where the pass made one: with one

@@ -60,16 +60,19 @@ template <class C, class T> Tensor<C> quantized(const Tensor<T>& x, fp8::Format 
   return out;
 }
 
-// x [rows, cols] in e4m3 with a power-of-two scale per tile_rows × tile_cols tile (block scaling).
+// x [rows, cols] in e4m3 with a power-of-two scale per tile_rows × tile_cols tile (block scaling). The columns are
+// `parts` equal parts (a gated block's [n, F]), each tiled from its own first column.
 template <class C, class T>
 Tensor<C> block_quantized(const Tensor<T>& x, std::int64_t rows, std::int64_t cols, std::int64_t tile_rows,
-                          std::int64_t tile_cols) {
+                          std::int64_t tile_cols, std::int64_t parts = 1) {
   Tensor<C> out(x.shape());
-  const std::int64_t tiles_down = (rows + tile_rows - 1) / tile_rows, tiles_across = (cols + tile_cols - 1) / tile_cols;
+  const std::int64_t part_cols = cols / parts, tiles_per_part = (part_cols + tile_cols - 1) / tile_cols;
+  const std::int64_t tiles_down = (rows + tile_rows - 1) / tile_rows, tiles_across = parts * tiles_per_part;
   parallel_for(tiles_down * tiles_across, tile_rows * tile_cols, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t t = begin; t < end; ++t) {
-      const std::int64_t r0 = t / tiles_across * tile_rows, c0 = t % tiles_across * tile_cols;
-      const std::int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + tile_cols);
+      const std::int64_t across = t % tiles_across, part = across / tiles_per_part;
+      const std::int64_t r0 = t / tiles_across * tile_rows, c0 = part * part_cols + across % tiles_per_part * tile_cols;
+      const std::int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min((part + 1) * part_cols, c0 + tile_cols);
       const float scale = fp8::block_scale(amax_of(x, cols, r0, r1, c0, c1), fp8::max_value<fp8::Format::e4m3>());
       quantize_block<fp8::Format::e4m3>(x, out, cols, r0, r1, c0, c1, scale);
     }

@@ -217,7 +217,9 @@ MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tens
                                     H)
                   : weight_gradient(a, dy, M, F, H);
   }
-  if (c.fp8 && need_dh) dz_columns = c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_columns, true);
+  if (c.fp8 && need_dh) {
+    dz_columns = c.fp8->input(fp8::Role::grad_hidden, dz, M, n * F, Inner::along_columns, true, n);
+  }
   if (need.w1) {
     g.dw1 = c.fp8 ? weight_gradient(c.fp8->input(fp8::Role::input, h, M, H, Inner::along_rows, false),
                                     c.fp8->along_rows(fp8::Role::grad_hidden, dz, M, n * F, dz_columns, !need_dh), M,
@@ -266,7 +268,7 @@ auto record_layernorm_mlp(const MlpDims& dims, const LayerNormMLPOptions& option
                                        options.zero_centered_gamma);
           if (options.fp8) {
             c.fp8.emplace(op_name, *options.fp8);  // (delayed scaling: ends the state's previous step first)
-            c.w1q = c.fp8->weight(fp8::Role::kernel1, w1v, dims.hidden, dims.width * dims.ffn);
+            c.w1q = c.fp8->weight(fp8::Role::kernel1, w1v, dims.hidden, dims.width * dims.ffn, dims.width);
             c.w2q = c.fp8->weight(fp8::Role::kernel2, w2v, dims.ffn, dims.hidden);
           } else {
             c.w1 = cast<T>(w1v);

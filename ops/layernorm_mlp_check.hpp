@@ -30,8 +30,8 @@ struct MlpShapes {
 MlpDims check_mlp_arguments(std::string_view op, const MlpShapes& shapes, DType compute,
                             const LayerNormMLPOptions& options);
 
-// What fp8 quantization takes on x's device: on a GPU, x in f32, bf16 or f16 and delayed or current scaling.
-void check_fp8_on_device(std::string_view op, const Fp8Quantization& q, DType x_dtype, Device device);
+// What fp8 quantization takes on x's device: on a GPU, x in f32, bf16 or f16.
+void check_fp8_on_device(std::string_view op, DType x_dtype, Device device);
 
 // "<op>: <what> is undefined (...); x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)"
 [[noreturn]] void throw_undefined_mlp_argument(std::string_view op, std::string_view what);
@@ -54,7 +54,7 @@ MlpDims check_mlp_arguments(std::string_view op, const Var<T>& x, const Var<P>& 
     ++input;
   };
   for (const Var<P>* v : {&gamma, &beta, &kernels.w1, &biases.b1, &kernels.w2, &biases.b2}) on_x_device(*v);
-  if (options.fp8) check_fp8_on_device(op, *options.fp8, dtype_v<T>, x.device());
+  if (options.fp8) check_fp8_on_device(op, dtype_v<T>, x.device());
   const auto shape_of = [](const Var<P>& v) { return v.defined() ? &v.shape() : nullptr; };
   return check_mlp_arguments(op,
                              {x.shape(), gamma.shape(), shape_of(beta), kernels.w1.shape(), shape_of(biases.b1),

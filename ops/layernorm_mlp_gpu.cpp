@@ -19,6 +19,7 @@
 
 #include <optional>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "tapegrad/cuda/blaslt.hpp"
@@ -57,9 +58,12 @@ void product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool tran
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 
 // Hidden and ffn sizes rounded up to 16 bytes of T (ops/layernorm_mlp_gpu.hpp says why), with fp8 to 16 bytes of
-// fp8 codes.
-template <class T> MlpDims padded_dims(const MlpDims& d, bool fp8) {
-  const std::int64_t v = fp8 ? 16 : 16 / sizeof(T);
+// fp8 codes, with block scaling to whole tiles of 128: its products read whole tiles along their inner dimension,
+// and a gated block's n parts of F each start a tile (ops/fp8_operands.hpp).
+template <class T> MlpDims padded_dims(const MlpDims& d, const std::optional<Fp8Quantization>& fp8) {
+  const std::int64_t v = !fp8                                                      ? 16 / sizeof(T)
+                         : std::holds_alternative<fp8::BlockScaling>(fp8->recipe) ? 128
+                                                                                  : 16;
   const auto up = [v](std::int64_t n) { return (n + v - 1) / v * v; };
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
@@ -319,7 +323,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
                                       const Tensor<T>& x, const MlpParams<P>& params) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = dims;
-  s.padded = padded_dims<T>(dims, options.fp8.has_value());
+  s.padded = padded_dims<T>(dims, options.fp8);
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = x.device();
   s.options = options;

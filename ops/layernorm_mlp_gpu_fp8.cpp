@@ -1,8 +1,7 @@
 #include "tapegrad/ops/layernorm_mlp_gpu_fp8.hpp"
 
-#include <utility>
-
 #include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/fp8_block_quantize.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/ops/fp8_operands.hpp"
@@ -24,7 +23,8 @@ std::shared_ptr<Storage> bytes_on(Device device, std::int64_t bytes) {
 }  // namespace
 
 DeviceMlpFp8::DeviceMlpFp8(const Fp8Quantization& q, Device device) : q_(q), device_(device) {
-  if (!q_.state) {  // current scaling: each quantization makes its own (nothing to upload, so a graph can capture it)
+  if (!q_.state) {  // current and block scaling: each quantization makes its own (nothing to upload: a graph can
+                    // capture it)
     scalars_ = Tensor<float>(Shape{fp8::role_count, fields}, device);
     return;
   }
@@ -45,15 +45,25 @@ float* DeviceMlpFp8::slot(fp8::Role role, int field) const {
 
 Fp8Codes DeviceMlpFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes,
                                  bool transposed) const {
-  Fp8Codes out{.format = dtype_of(fp8::format_of(formats_of(q_.recipe), role)),
-               .codes = nullptr,
-               .transposed = nullptr,
-               .rows = rows,
-               .cols = cols,
-               .transposed_ld = (rows + 15) / 16 * 16,
-               .scale_inv = slot(role, scale_inv_field)};
-  if (codes) out.codes = bytes_on(device_, rows * cols);
+  Fp8Codes out;
+  out.format = dtype_of(fp8::format_of(formats_of(q_.recipe), role));
+  out.rows = rows;
+  out.cols = cols;
+  out.code_rows = tiled() ? (rows + 3) / 4 * 4 : rows;
+  out.transposed_ld = tiled() ? (rows + 127) / 128 * 128 : (rows + 15) / 16 * 16;
+  if (codes) out.codes = bytes_on(device_, out.code_rows * cols);
   if (transposed) out.transposed = bytes_on(device_, cols * out.transposed_ld);
+  if (!tiled()) {
+    out.scale_inv = slot(role, scale_inv_field);
+    return out;
+  }
+  out.scaling = role == fp8::Role::kernel1 || role == fp8::Role::kernel2 ? cuda::Fp8Scaling::blocks_128x128
+                                                                         : cuda::Fp8Scaling::tiles_1x128;
+  const auto scales_of = [&](std::int64_t outer, std::int64_t K) {
+    return bytes_on(device_, cuda::fp8_scale_shape(out.scaling, outer, K).count() * std::int64_t{sizeof(float)});
+  };
+  if (codes) out.scales = scales_of(out.code_rows, cols);
+  if (transposed) out.transposed_scales = scales_of(cols, out.transposed_ld);
   return out;
 }
 
@@ -67,8 +77,8 @@ void DeviceMlpFp8::record_later(fp8::Role role) const {
 
 DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first,
                                            bool codes, bool transposed) const {
-  check(scales_ahead() || !first, "layernorm_mlp", "current scaling has no scale for ", fp8::role_name(role),
-        " before its tensor exists");
+  check(scales_ahead() || (!first && !tiled()), "layernorm_mlp", fp8::describe(q_.recipe), " has no scale for ",
+        fp8::role_name(role), " before its tensor exists");
   const bool record = first && q_.state;
   if (record) record_later(role);
   return {codes_for(role, rows, cols, codes, transposed), slot(role, scale_field),
@@ -78,6 +88,22 @@ DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std
 Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
                                 bool codes, bool transposed, bool first) const {
   const Fp8Codes out = codes_for(role, rows, cols, codes, transposed);
+  if (tiled()) {
+    cuda::fp8_block_quantize({.dtype = dtype,
+                              .x = x,
+                              .rows = rows,
+                              .cols = cols,
+                              .scaling = out.scaling,
+                              .codes = codes ? out.codes->data() : nullptr,
+                              .codes_rows = out.code_rows,
+                              .scales = codes ? static_cast<float*>(out.scales->data()) : nullptr,
+                              .transposed = transposed ? out.transposed->data() : nullptr,
+                              .transposed_ld = out.transposed_ld,
+                              .transposed_scales = transposed ? static_cast<float*>(out.transposed_scales->data())
+                                                              : nullptr},
+                             device_.index);
+    return out;
+  }
   float* amax = slot(role, amax_field);
   const bool record = first && q_.state;
   if (first && !q_.state) {  // current scaling: the role's scale from x's own amax
@@ -103,34 +129,54 @@ Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std:
 void DeviceMlpFp8::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
                            std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
                            const void* bias, double beta, bool forward) const {
-  const auto operand = [](const Fp8Codes& x, Fp8Layout layout) {
-    return layout == Fp8Layout::codes ? std::pair{x.codes->data(), x.cols}
-                                      : std::pair{x.transposed->data(), x.transposed_ld};
+  struct Operand {
+    const void* data;
+    std::int64_t ld;
+    const float* scale_inv;
   };
-  const auto [a_data, a_ld] = operand(a, a_layout);
-  const auto [b_data, b_ld] = operand(b, b_layout);
-  // cuBLASLt's FP8 kernels add no f32 bias (cuda/blaslt.hpp): the bias becomes C's initial rows instead.
-  if (bias && out_dtype == DType::f32 && M > 0) {
-    cuda::strided_copy(DType::f32, bias, out, {{M, 0, N}, {N, 1, 1}}, device_.index);
+  const auto operand = [](const Fp8Codes& x, Fp8Layout layout) {
+    const auto scales = [&](const std::shared_ptr<Storage>& s) {
+      return s ? static_cast<const float*>(s->data()) : x.scale_inv;
+    };
+    return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.cols, scales(x.scales)}
+                                      : Operand{x.transposed->data(), x.transposed_ld, scales(x.transposed_scales)};
+  };
+  const Operand A = operand(a, a_layout), B = operand(b, b_layout);
+  // Block scaling: A's codes may carry zero rows past M (code_rows); the product then writes them too, to scratch.
+  const std::int64_t rows = a_layout == Fp8Layout::codes ? a.code_rows : M;
+  std::shared_ptr<Storage> scratch;
+  void* c = out;
+  if (rows != M) {
+    scratch = bytes_on(device_, rows * N * static_cast<std::int64_t>(dtype_size(out_dtype)));
+    c = scratch->data();
+    if (beta != 0.0) cuda::strided_copy(out_dtype, out, c, {{M, N, N}, {N, 1, 1}}, device_.index);
+  }
+  // cuBLASLt's FP8 kernels add no f32 bias, nor any with block scaling (cuda/blaslt.hpp): the bias becomes C's
+  // initial rows instead.
+  if (bias && (out_dtype == DType::f32 || tiled()) && rows > 0) {
+    cuda::strided_copy(out_dtype, bias, c, {{rows, 0, N}, {N, 1, 1}}, device_.index);
     bias = nullptr;
     beta = 1.0;
   }
   const cuda::GemmFp8 fp8{.a = a.format,
                           .b = b.format,
-                          .a_scale_inv = a.scale_inv,
-                          .b_scale_inv = b.scale_inv,
-                          .fast_accumulation = forward && q_.fast_forward_accumulation};
+                          .a_scale_inv = A.scale_inv,
+                          .b_scale_inv = B.scale_inv,
+                          .fast_accumulation = forward && q_.fast_forward_accumulation && !tiled(),
+                          .a_scaling = a.scaling,
+                          .b_scaling = b.scaling};
   cuda::gemm({.dtype = out_dtype,
-              .M = M,
+              .M = rows,
               .N = N,
               .K = K,
-              .a = {a_data, a_ld, 0, false},
-              .b = {b_data, b_ld, 0, true},
-              .c = {out, N, 0},
+              .a = {A.data, A.ld, 0, false},
+              .b = {B.data, B.ld, 0, true},
+              .c = {c, N, 0},
               .beta = beta,
               .bias = bias,
               .fp8 = &fp8},
              device_.index);
+  if (c != out) cuda::strided_copy(out_dtype, c, out, {{M, N, N}, {N, 1, 1}}, device_.index);
 }
 
 }  // namespace tapegrad::detail

@@ -7,12 +7,15 @@
 // quantization's own pass and reach the state when the step ends (ScalingState::record_later). Hopper's FP8 kernels
 // read both operands along the inner dimension, so a tensor that one product sums over its columns and another over
 // its rows is written twice by one pass: its codes and their transpose (TransformerEngine's cast + transpose).
-// Delayed and current scaling; block scaling runs on the CPU.
+// Block scaling's tiles follow each product's inner dimension, so the two layouts have scales of their own, made by
+// the same pass (cuda/fp8_block_quantize.hpp), and the products read them in cuBLASLt's block-scaled modes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <variant>
 
+#include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/tensor/storage.hpp"
 #include "tapegrad/tensor/tensor.hpp"
@@ -20,12 +23,17 @@
 namespace tapegrad::detail {
 
 // The fp8 codes of one [rows, cols] row-major matrix on the device, its transpose [cols, transposed_ld] (zero past
-// `rows`), or both, and the dequantization scale its role has in the step.
+// `rows`, which it rounds up to 16, with block scaling to whole tiles of 128), or both, and the dequantization scale
+// its role has in the step; with block scaling, each layout's tiles' scales instead (laid out as cuda/blaslt.hpp's
+// `scaling` says), and the codes' rows `code_rows` (zero past `rows`): cuBLASLt's block-scaled products read an
+// operand's 1×128 scales in rows of exactly its row count, which must keep them 16-byte aligned, a multiple of 4.
 struct Fp8Codes {
   DType format = DType::f8e4m3;
   std::shared_ptr<Storage> codes, transposed;
-  std::int64_t rows = 0, cols = 0, transposed_ld = 0;
+  std::int64_t rows = 0, cols = 0, code_rows = 0, transposed_ld = 0;
   const float* scale_inv = nullptr;
+  cuda::Fp8Scaling scaling = cuda::Fp8Scaling::tensor;
+  std::shared_ptr<Storage> scales, transposed_scales;
 };
 
 // Which of an input's two layouts a product reads.
@@ -39,7 +47,8 @@ class DeviceMlpFp8 {
 
   // x [rows, cols] (f32, bf16 or f16 on the device) quantized for `role`, in the layouts asked for. The step's first
   // quantization of a tensor (`first`) makes the role's scale from its amax (current scaling) or records its amax
-  // (delayed scaling); a later one (the backward's, a recompute's) uses the scale the step has.
+  // (delayed scaling); a later one (the backward's, a recompute's) uses the scale the step has. Block scaling makes
+  // every tile's scale from the tile itself.
   Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, bool codes,
                     bool transposed, bool first) const;
 
@@ -59,12 +68,14 @@ class DeviceMlpFp8 {
 
   // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless
   // null) where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with
-  // fewer bits between partial sums where the quantization's fast_forward_accumulation asks for it).
+  // fewer bits between partial sums where the quantization's fast_forward_accumulation asks for it, with one scale
+  // per tensor).
   void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
                std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
                bool forward) const;
 
  private:
+  bool tiled() const { return std::holds_alternative<fp8::BlockScaling>(q_.recipe); }
   float* slot(fp8::Role role, int field) const;
   Fp8Codes codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes, bool transposed) const;
   // Delayed scaling: the state reads role's amax from the device when its step ends.

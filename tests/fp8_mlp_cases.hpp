@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "mlp_cases.hpp"
@@ -30,7 +29,6 @@ inline const std::vector<NamedRecipe> fp8_recipes{
     {"current", fp8::CurrentScaling{}},
     {"block", fp8::BlockScaling{}},
 };
-inline bool runs_on_gpu(const NamedRecipe& r) { return !std::holds_alternative<fp8::BlockScaling>(r.recipe); }
 
 template <class T, class P> struct Step {
   Tensor<T> y;

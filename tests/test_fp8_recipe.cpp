@@ -1,11 +1,12 @@
 // FP8 recipes' arithmetic against hand-computed cases: the scales of delayed, current and block scaling (margin,
 // zero amax, tiny amax), delayed scaling's history (roll-over, max against most_recent, steps), a non-finite amax
-// refused with the step dropped, and the formats each role takes.
+// refused with the step dropped, the formats each role takes, and block scaling's tiles of a gated tensor.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "tapegrad/ops/fp8_quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -24,6 +25,34 @@ TEST_CASE("scales map the amax onto the format's largest value") {
   CHECK(block_scale(5.0f, 448.0f) == 64.0f);   // 89.6: the power of two below
   CHECK(block_scale(500.0f, 448.0f) == 0.5f);  // 0.896
   CHECK(block_scale(0.0f, 448.0f) == 1.0f);
+}
+
+TEST_CASE("block scaling tiles each part of a gated tensor on its own") {
+  // [3, 2 · 130]: two parts of 130 columns, each tiled [0, 128) and [128, 130) from its own first column, so the
+  // result is each part quantized alone. Tiles over all 260 columns would mix the parts: there the second part's
+  // values, 2^30 times the first's, would flush the first part's last two columns to zero.
+  const std::int64_t rows = 3, part = 130;
+  Tensor<float> x = randn<float>({rows, 2 * part}, 7);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.flat(i) *= i % (2 * part) < part ? 0x1p-20f : 0x1p10f;
+  const Tensor<float> parted = detail::block_quantized<float>(x, rows, 2 * part, 1, 128, 2);
+  const Tensor<float> whole = detail::block_quantized<float>(x, rows, 2 * part, 1, 128);
+  std::int64_t mismatches = 0, differences = 0;
+  for (std::int64_t p = 0; p < 2; ++p) {
+    Tensor<float> alone(Shape{rows, part});
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < part; ++c) alone.flat(r * part + c) = x.flat(r * 2 * part + p * part + c);
+    }
+    const Tensor<float> want = detail::block_quantized<float>(alone, rows, part, 1, 128);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < part; ++c) {
+        const std::int64_t i = r * 2 * part + p * part + c;
+        mismatches += parted.flat(i) != want.flat(r * part + c);
+        differences += whole.flat(i) != want.flat(r * part + c);
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(differences > 0);
 }
 
 TEST_CASE("hybrid quantizes gradients to e5m2 and the rest to e4m3") {

@@ -14,9 +14,9 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <type_traits>
 #include <utility>
 
+#include "fp8_sums.hpp"
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
@@ -50,11 +50,7 @@ template <class F> Operand<F> quantize(const Shape& shape, std::uint64_t seed) {
   return op;
 }
 
-// C [M, N] = A [M, K] · Bᵀ (B stored [N, K]) + bias, in O, against double. The products of fp8 values are exact;
-// their sum is not: Hopper's tensor cores keep about 14 bits in the partial sums of an FP8 instruction chain, which
-// cuBLASLt promotes to f32 every few instructions (or, with fast accumulation, only at the end). Each element is held
-// within 2^-16 · K (fast: 2^-12 · K) of the sum of its terms' magnitudes, plus O's rounding: loose for rounding,
-// tight against a wrong scale, operand or layout, whose errors are of the order of the values.
+// C [M, N] = A [M, K] · Bᵀ (B stored [N, K]) + bias, in O, against double (tests/fp8_sums.hpp).
 template <class FA, class FB, class O> void check_product(std::int64_t M, std::int64_t N, std::int64_t K, bool bias,
                                                           bool fast, std::uint64_t seed) {
   CAPTURE(M);
@@ -87,26 +83,10 @@ template <class FA, class FB, class O> void check_product(std::int64_t M, std::i
                             .bias = bias ? bias_gpu.data() : nullptr,
                             .fp8 = &fp8};
   REQUIRE_NOTHROW(cuda::gemm(args, 0));
-  const Tensor<O> got = c_gpu.to(host);
-  const double accumulation = (fast ? 0x1p-12 : 0x1p-16) * static_cast<double>(K);
-  const double rounding = std::is_same_v<O, float> ? 0x1p-24 : 0x1p-8;
-  std::int64_t bad = 0, first = -1;
-  for (std::int64_t i = 0; i < M; ++i) {
-    for (std::int64_t j = 0; j < N; ++j) {
-      double sum = bias ? convert<double>(bias_values.flat(j)) : 0.0, magnitude = std::abs(sum);
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double term = a.values.flat(i * K + k) * b.values.flat(j * K + k);
-        sum += term;
-        magnitude += std::abs(term);
-      }
-      const double error = std::abs(convert<double>(got.flat(i * N + j)) - sum);
-      if (error > accumulation * magnitude + rounding * std::abs(sum) + 1e-30) {
-        if (bad++ == 0) first = i * N + j;
-      }
-    }
-  }
-  INFO("first element out of tolerance: ", first);
-  CHECK(bad == 0);
+  test::check_fp8_sums(
+      c_gpu.to(host), M, N, K, [&](std::int64_t i, std::int64_t k) { return a.values.flat(i * K + k); },
+      [&](std::int64_t j, std::int64_t k) { return b.values.flat(j * K + k); },
+      [&](std::int64_t, std::int64_t j) { return bias ? convert<double>(bias_values.flat(j)) : 0.0; }, fast);
 }
 
 // Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's: the

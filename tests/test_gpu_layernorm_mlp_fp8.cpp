@@ -1,8 +1,9 @@
 // layernorm_mlp with FP8 quantization on the GPU against the CPU's fp8 node (its reference, tests/
 // test_layernorm_mlp_fp8.cpp), on the same inputs in the same dtype: every activation × norm × biases × recompute
-// policy × recipe (delayed, delayed most_recent in e4m3 with a margin, current), x in f32 and bf16, f32 parameters
-// under bf16 compute, sizes that need padding (H 24 and 13, ffn 40 and 37, 21 rows); delayed scaling's state after
-// several steps; bitwise the same on a second run and under every policy; what the GPU refuses.
+// policy × recipe (delayed, delayed most_recent in e4m3 with a margin, current, block), x in f32 and bf16, f32
+// parameters under bf16 compute, sizes that need padding (H 24 and 13, ffn 40 and 37, 21 rows) and a block of several
+// tiles; delayed scaling's state after several steps; bitwise the same on a second run and under every policy; what
+// the GPU refuses.
 //
 // Both sides quantize with the same scales and round where the other does; they differ in the sums: the FP8 tensor
 // cores add their products with fewer bits than f32 between promotions (measured: the amaxes of a and dz, maxima of
@@ -10,10 +11,11 @@
 // and one step of e4m3 is 1/16, of e5m2 1/4 (in these small blocks one step of a moves y by ~0.2 %). In bf16 every
 // z, a, da and dz is also rounded to bf16 first: a sum 1e-4 apart changes a few % of them by one bf16 step, and a
 // bf16 step at an fp8 rounding boundary (bf16 holds those boundaries exactly) moves the code. The results are held
-// to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases
-// and three runs: f32 y 1.7 %, gradients 3.0 %; bf16 y 4.0 %, gradients 6.7 %), and a wrong operand, layout or
-// scale far above (errors of order 1). The comparisons run the forward's products without fast accumulation
-// (fast_forward_accumulation off), and again with it, in f32 on the larger block (measured 0.7 % and 1.3 %).
+// to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases,
+// recipes and three runs: f32 y 1.5 %, gradients 5.0 %; bf16 y 4.1 %, gradients 11.4 %, block scaling's on the
+// small block), and a wrong operand, layout or scale far above (errors of order 1). The comparisons run the
+// forward's products without fast accumulation (fast_forward_accumulation off), and again with it, in f32 on the
+// larger block (measured 0.6 % and 0.9 %).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -31,7 +33,7 @@ using test::gpu;
 namespace {
 
 // Bounds on ‖gpu - cpu‖ / ‖cpu‖ (see above).
-template <class T> double bound() { return std::is_same_v<T, float> ? 0.06 : 0.12; }
+template <class T> double bound() { return std::is_same_v<T, float> ? 0.08 : 0.16; }
 
 template <class P> Params<P> on(const Params<P>& p, Device device) {
   auto leaf = [&](const Var<P>& v) { return v.defined() ? param(v.value().to(device)) : Var<P>(); };
@@ -79,28 +81,26 @@ void check_case(const Case& c, const Shape& x_shape, std::int64_t F, const Named
 TEST_CASE("the fp8 node on the GPU follows the CPU's fp8 node in every option and recipe") {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
-  Worst worst_f32, worst_bf16;
   for (const NamedRecipe& r : fp8_recipes) {
-    if (!runs_on_gpu(r)) continue;
     CAPTURE(r.name);
+    Worst worst_f32, worst_bf16;
     for_each_case([&](Case c) {
       c.options.return_layernorm_output = c.options.recompute == Recompute::recompute_norm;
       c.options.clamped_swiglu.limit = 1.0;  // (its clamps bite for z of unit size)
       check_case<float, float>(c, Shape{3, 7, 24}, 40, r, seed, worst_f32);
       check_case<bf16, bf16>(c, Shape{21, 13}, 37, r, seed + 100, worst_bf16);
     });
+    MESSAGE(r.name, ": largest relative errors, f32: y ", worst_f32.y, ", gradients ", worst_f32.grad, "; bf16: y ",
+            worst_bf16.y, ", gradients ", worst_bf16.grad);
   }
-  MESSAGE("largest relative errors, f32: y ", worst_f32.y, ", gradients ", worst_f32.grad, "; bf16: y ",
-          worst_bf16.y, ", gradients ", worst_bf16.grad);
 }
 
 TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and on a larger block") {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
-  Worst worst, fast;
   for (const NamedRecipe& r : fp8_recipes) {
-    if (!runs_on_gpu(r)) continue;
     CAPTURE(r.name);
+    Worst worst, fast;
     for (Activation act : {Activation::gelu, Activation::swiglu}) {
       Case c{.options = {.norm = act == Activation::gelu ? NormType::layernorm : NormType::rmsnorm,
                          .activation = act}};
@@ -108,9 +108,9 @@ TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and o
       check_case<bf16, bf16>(c, Shape{300, 256}, 512, r, seed + 1, worst);
       check_case<float, float>(c, Shape{300, 256}, 512, r, seed + 2, fast, true);
     }
+    MESSAGE(r.name, ": largest relative errors: y ", worst.y, ", gradients ", worst.grad,
+            "; f32 with fast accumulation: y ", fast.y, ", gradients ", fast.grad);
   }
-  MESSAGE("largest relative errors: y ", worst.y, ", gradients ", worst.grad, "; f32 with fast accumulation: y ",
-          fast.y, ", gradients ", fast.grad);
 }
 
 TEST_CASE("delayed scaling's state after GPU steps is the CPU's") {
@@ -155,7 +155,6 @@ TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second ru
   CAPTURE(seed);
   const Tensor<bf16> x = randn<bf16>({2, 9, 136}, seed, 0.1, 1.0).to(gpu);
   for (const NamedRecipe& r : fp8_recipes) {
-    if (!runs_on_gpu(r)) continue;
     CAPTURE(r.name);
     for (Activation act : {Activation::gelu, Activation::swiglu}) {
       const Case c{.options = {.activation = act}};
@@ -171,11 +170,8 @@ TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {
   o.fp8 = fp8_quantization(fp8::CurrentScaling{});
   CHECK_THROWS_WITH_AS(node(param(randn<double>({4, 16}, 2).to(gpu)), pd, o),
                        doctest::Contains("fp8 on a GPU computes in f32, bf16 or f16"), Error);
-  const Params<float> pf = on(make_params<float>(c, 16, 16, 1), gpu);
-  o.fp8 = fp8_quantization(fp8::BlockScaling{});
-  CHECK_THROWS_WITH_AS(node(param(randn<float>({4, 16}, 2).to(gpu)), pf, o),
-                       doctest::Contains("fp8 block scaling runs on the CPU only"), Error);
   // The tape is still usable.
+  const Params<float> pf = on(make_params<float>(c, 16, 16, 1), gpu);
   o.fp8 = fp8_quantization(fp8::CurrentScaling{});
   const Var<float> x = param(randn<float>({4, 16}, 3).to(gpu));
   backward(sum(node(x, pf, o).y));
