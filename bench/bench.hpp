@@ -67,6 +67,7 @@ void tape_overhead();
 void fusion();
 void matmul();
 void layernorm_mlp();
+void adjoint();
 void gpu_matmul();     // builds with CUDA only
 void gpu_bandwidth();  // builds with CUDA only
 void gpu_layernorm_mlp();  // builds with CUDA only

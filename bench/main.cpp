@@ -1,7 +1,7 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [gpu_bandwidth] [gpu_matmul]
-//                  [gpu_layernorm_mlp]
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [gpu_bandwidth]
+//                  [gpu_matmul] [gpu_layernorm_mlp]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
 // OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
@@ -34,12 +34,12 @@ int main(int argc, char** argv) {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
-    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" ||
+    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" || arg == "adjoint" ||
                (tapegrad::cuda::enabled &&
                 (arg == "gpu_bandwidth" || arg == "gpu_matmul" || arg == "gpu_layernorm_mlp"))) {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp]"
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint]"
                 << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp]" : "") << "\n";
       return 2;
     }
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   if (wanted("fusion")) bench::fusion();
   if (wanted("matmul")) bench::matmul();
   if (wanted("layernorm_mlp")) bench::layernorm_mlp();
+  if (wanted("adjoint")) bench::adjoint();
   if constexpr (tapegrad::cuda::enabled) {
     if (wanted("gpu_bandwidth")) bench::gpu_bandwidth();
     if (wanted("gpu_matmul")) bench::gpu_matmul();
