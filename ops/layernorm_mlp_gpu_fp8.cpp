@@ -23,8 +23,8 @@ std::shared_ptr<Storage> bytes_on(Device device, std::int64_t bytes) {
 }  // namespace
 
 DeviceMlpFp8::DeviceMlpFp8(const Fp8Quantization& q, Device device) : q_(q), device_(device) {
-  if (!q_.state) {  // current and block scaling: each quantization makes its own (nothing to upload: a graph can
-                    // capture it)
+  if (tiled()) return;  // block scaling: each tile's scale lives beside its codes (Fp8Codes), none per role
+  if (!q_.state) {  // current scaling: each quantization makes its own (nothing to upload, so a graph can capture it)
     scalars_ = Tensor<float>(Shape{fp8::role_count, fields}, device);
     return;
   }

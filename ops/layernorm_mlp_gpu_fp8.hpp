@@ -83,7 +83,8 @@ class DeviceMlpFp8 {
 
   Fp8Quantization q_;
   Device device_;
-  Tensor<float> scalars_;  // [role_count, 4]: scale_inv (16-byte aligned, as cuBLASLt reads it), scale, amax, unused
+  // [role_count, 4]: scale_inv (16-byte aligned, as cuBLASLt reads it), scale, amax, unused; none with block scaling
+  Tensor<float> scalars_;
   // Delayed scaling: the host's copy of scalars_ that the amaxes recorded since the last copy share: the state's
   // step end reads the device once, not once per amax.
   mutable std::shared_ptr<Tensor<float>> host_scalars_;
