@@ -8,8 +8,10 @@
 // ("forward_backward_graph": one launch per step). Each configuration runs twice: with cuBLASLt's heuristic choice of
 // GEMM algorithms ("gemm": "heuristic") and autotuned (cuda::set_gemm_autotune; "gemm": "autotuned"), and in each
 // "precision": bf16 products, and fp8 with delayed scaling and with current scaling (TransformerEngine's defaults,
-// HYBRID format) and with block scaling. Delayed scaling's step ends on the host at the next forward, which reads the
-// amaxes back: it is not captured as a graph.
+// HYBRID format) and with block scaling; delayed and current scaling also with a weight cache ("_cached": the
+// micro-batches after the first, whose weights' codes the first made; they are held from step to step, so the peak
+// counts them as it counts the parameters). Delayed scaling's step ends on the host at the next forward, which reads
+// the amaxes back: it is not captured as a graph.
 #include <optional>
 #include <string>
 
@@ -47,18 +49,21 @@ struct Precision {
   const char* name;
   std::optional<fp8::Recipe> fp8;
   bool graph;  // whether a step can be captured
+  bool weight_cache = false;
 };
 const Precision precisions[] = {
     {"bf16", std::nullopt, true},
     {"fp8_delayed", fp8::DelayedScaling{}, false},
     {"fp8_current", fp8::CurrentScaling{}, true},
     {"fp8_block", fp8::BlockScaling{}, true},
+    {"fp8_delayed_cached", fp8::DelayedScaling{}, false, true},
+    {"fp8_current_cached", fp8::CurrentScaling{}, true, true},
 };
 
 void run_config(const Config& c, const Precision& precision, bool autotune) {
   cuda::set_gemm_autotune(autotune);
   const std::int64_t n = activation_width(c.activation);
-  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases, precision.fp8);
+  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases, precision.fp8, precision.weight_cache);
   const auto step = [&] { block.step(); };
   const std::vector<Timing> t = measure_gpu({[&] {
                                                (void)block.forward();

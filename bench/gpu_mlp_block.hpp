@@ -1,9 +1,11 @@
 // The layernorm_mlp block the GPU benchmarks run (bench/gpu_layernorm_mlp.cpp, bench/layernorm_mlp_step.cpp): bf16
 // input, parameters and output gradient drawn on cuda:0 with ../shared/gpu/peer_bench.py's scales, epsilon 1e-5;
-// its products in bf16, or quantized to fp8 by a recipe (delayed scaling's state then lives in the options).
+// its products in bf16, or quantized to fp8 by a recipe (delayed scaling's state then lives in the options), with a
+// weight cache where asked for (the weights are never changed: every step after the first reuses their codes).
 #pragma once
 
 #include <cmath>
+#include <memory>
 #include <optional>
 
 #include "tapegrad/tapegrad.hpp"
@@ -19,7 +21,7 @@ struct GpuMlpBlock {
 
   GpuMlpBlock(std::int64_t M, std::int64_t H, std::int64_t F, tapegrad::NormType norm,
               tapegrad::Activation activation, bool with_biases,
-              const std::optional<tapegrad::fp8::Recipe>& fp8 = std::nullopt) {
+              const std::optional<tapegrad::fp8::Recipe>& fp8 = std::nullopt, bool weight_cache = false) {
     using namespace tapegrad;
     const Device gpu = Device::cuda(0);
     const std::int64_t n = activation_width(activation);
@@ -34,6 +36,7 @@ struct GpuMlpBlock {
     dy = randn<bf16>({M, H}, 8, 0.0, 1.0, gpu);
     options = {.norm = norm, .epsilon = 1e-5, .activation = activation};
     if (fp8) options.fp8 = fp8_quantization(*fp8);
+    if (fp8 && weight_cache) options.fp8->weight_cache = std::make_shared<fp8::WeightCache>();
   }
 
   // The recorded forward, as in training.

@@ -25,6 +25,8 @@
 #include <variant>
 #include <vector>
 
+#include "tapegrad/ops/fp8_roles.hpp"
+#include "tapegrad/ops/fp8_weight_cache.hpp"
 #include "tapegrad/tensor/core/fp8.hpp"
 
 namespace tapegrad::fp8 {
@@ -46,19 +48,10 @@ struct BlockScaling {};
 
 using Recipe = std::variant<DelayedScaling, CurrentScaling, BlockScaling>;
 
-// The tensors layernorm_mlp quantizes, as TransformerEngine's quantizer sets name them: GEMM1's input h and kernel
-// W1, GEMM2's input a and kernel W2, and the gradients dy (of y) and dz (of GEMM1's output).
-enum class Role : std::uint8_t { input, kernel1, activation, kernel2, grad_output, grad_hidden };
-inline constexpr int role_count = 6;
-inline constexpr std::array<Role, role_count> roles{Role::input,   Role::kernel1,     Role::activation,
-                                                    Role::kernel2, Role::grad_output, Role::grad_hidden};
-
 // The recipe with its settings, as a module's summary shows it: "fp8 delayed scaling (hybrid, margin 0, history
 // 1024, max)", "fp8 current scaling (e4m3)", "fp8 block scaling (1x128, 128x128)".
 std::string describe(const Recipe& recipe);
 
-std::string_view role_name(Role role);  // "h", "w1", "a", "w2", "dy", "dz"
-bool is_gradient(Role role);
 // The format `formats` gives a role.
 Format format_of(Formats formats, Role role);
 
@@ -130,6 +123,9 @@ struct Fp8Quantization {
   // On a GPU, the forward's products let the tensor cores keep fewer bits between partial sums (faster;
   // TransformerEngine's choice for them); false sums them as the backward's, in full f32. No effect on the CPU.
   bool fast_forward_accumulation = true;
+  // Micro-batches: the weights' fp8 copies kept from forward to forward (ops/fp8_weight_cache.hpp); none: every
+  // forward quantizes its weights.
+  std::shared_ptr<fp8::WeightCache> weight_cache{};
 };
 
 // The recipe with a fresh state where it needs one (delayed scaling).

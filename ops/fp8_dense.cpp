@@ -1,6 +1,6 @@
-// fp8_dense's node (ops/fp8_dense.hpp): the quantization of ops/fp8_operands.hpp and the CPU products of
-// ops/products.hpp, as layernorm_mlp's fp8 path uses them. Saved: x (the input's own storage), the quantized kernel
-// and the step's scales.
+// fp8_dense's node (ops/fp8_dense.hpp): on the CPU the quantization of ops/fp8_operands.hpp and the products of
+// ops/products.hpp, as layernorm_mlp's fp8 path uses them (saved: x, the input's own storage, the quantized kernel
+// and the step's scales); on a GPU ops/fp8_dense_gpu.hpp.
 #include "tapegrad/ops/fp8_dense.hpp"
 
 #include <optional>
@@ -8,10 +8,13 @@
 #include <tuple>
 
 #include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/ops/fp8_dense_gpu.hpp"
 #include "tapegrad/ops/fp8_operands.hpp"
+#include "tapegrad/ops/layernorm_mlp_check.hpp"
 #include "tapegrad/ops/products.hpp"
 #include "tapegrad/ops/row_sum.hpp"
 #include "tapegrad/tensor/core/device_checks.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
 
@@ -34,7 +37,44 @@ template <class T> struct DenseContext {
   Tensor<T> x;                 // [M, K]
   Tensor<compute_t<T>> kernel;  // [K, N], quantized
   std::int64_t M = 0, K = 0, N = 0;
+  detail::DeviceDense<T> device;  // all of the above, for x on a GPU
 };
+
+// y [M, N] = q(x) · q(kernel) + bias on the CPU, for x [M, K]; fills c.
+template <class T, class P>
+Tensor<T> dense_forward(DenseContext<T>& c, const Fp8Quantization& q, const Tensor<T>& x, const Tensor<P>& kernel,
+                        const Tensor<P>* bias) {
+  c.M = x.dim(0);
+  c.K = x.dim(1);
+  c.N = kernel.dim(1);
+  c.fp8.emplace(op_name, q, tensor_name);  // (delayed scaling: ends the state's previous step first)
+  c.x = x;
+  c.kernel = c.fp8->weight(fp8::Role::kernel1, kernel, c.K, c.N);
+  const Tensor<T> b = bias ? cast<T>(*bias) : Tensor<T>();
+  const auto xq = c.fp8->input(fp8::Role::input, x, c.M, c.K, detail::Inner::along_columns, true);
+  return detail::product(Transpose::no, Transpose::no, c.M, c.N, c.K, xq, c.kernel, detail::bias_rows(b));
+}
+
+// dx [M, K], dkernel and dbias from dy [M, N] on the CPU, each where needed.
+template <class T, class P>
+std::tuple<Tensor<T>, Tensor<P>, Tensor<P>> dense_backward(const DenseContext<T>& c, const Tensor<T>& dy,
+                                                           bool need_x, bool need_kernel, bool need_bias) {
+  using detail::Inner;
+  Tensor<compute_t<T>> dy_columns;  // dy as dx's product reads it
+  Tensor<T> dx;
+  Tensor<P> dw, db;
+  if (need_x) {
+    dy_columns = c.fp8->input(fp8::Role::grad_output, dy, c.M, c.N, Inner::along_columns, true);
+    dx = detail::product<T>(Transpose::no, Transpose::yes, c.M, c.K, c.N, dy_columns, c.kernel);
+  }
+  if (need_kernel) {
+    const auto xr = c.fp8->input(fp8::Role::input, c.x, c.M, c.K, Inner::along_rows, false);
+    const auto dyr = c.fp8->along_rows(fp8::Role::grad_output, dy, c.M, c.N, dy_columns, !need_x);
+    dw = detail::rounded_tensor<P>(detail::weight_gradient(xr, dyr, c.M, c.K, c.N).data(), Shape{c.K, c.N});
+  }
+  if (need_bias) db = detail::rounded_tensor<P>(detail::column_sums(dy, c.M, c.N).data(), Shape{c.N});
+  return {dx, dw, db};
+}
 
 }  // namespace
 
@@ -54,43 +94,34 @@ Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, cons
           " needs [", N, "]");
     check_device_matches(op_name, x.device(), 2, bias.device());
   }
-  check_on_cpu(op_name, 0, x.device());
+  detail::check_fp8_on_device(op_name, dtype_v<T>, x.device());
   std::vector<std::int64_t> out_dims(x_shape.dims().begin(), x_shape.dims().end());
   out_dims.back() = N;
   const Shape out_shape(out_dims);
   const Var<P> bias_or_absent = has_bias ? bias : constant(Tensor<P>(Shape{0}, x.device()));
+  std::int64_t M = 1;  // x's rows (of K elements, which may be none)
+  for (int axis = 0; axis + 1 < x_shape.rank(); ++axis) M *= x_shape.dim(axis);
 
-  using Inner = detail::Inner;
   return custom_op<DenseContext<T>>(
       op_name,
       [&](DenseContext<T>& c, const Tensor<T>& xv, const Tensor<P>& wv, const Tensor<P>& bv) {
-        c.M = xv.numel() / K;
-        c.K = K;
-        c.N = N;
-        c.fp8.emplace(op_name, q, tensor_name);  // (delayed scaling: ends the state's previous step first)
-        c.x = xv.reshape(Shape{c.M, K});
-        c.kernel = c.fp8->weight(fp8::Role::kernel1, wv, K, N);
-        const Tensor<T> b = has_bias ? cast<T>(bv) : Tensor<T>();
-        const auto xq = c.fp8->input(fp8::Role::input, c.x, c.M, K, Inner::along_columns, true);
-        return detail::product(Transpose::no, Transpose::no, c.M, N, K, xq, c.kernel, detail::bias_rows(b))
-            .reshape(out_shape);
+        const Tensor<T> x_rows = xv.reshape(Shape{M, K});
+        const Tensor<P>* b = has_bias ? &bv : nullptr;
+        const Tensor<T> y = by_device(
+            op_name, xv.device(), [&] { return dense_forward(c, q, x_rows, wv, b); },
+            [&](auto) { return detail::device_dense_forward(c.device, q, x_rows, wv, b); });
+        return y.reshape(out_shape);
       },
       [=](const DenseContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy_in) {
-        const Tensor<T> dy = dy_in.reshape(Shape{c.M, c.N});
-        Tensor<compute_t<T>> dy_columns;  // dy as dx's product reads it
-        Tensor<T> dx;
-        Tensor<P> dw, db;
-        if (needs[0]) {
-          dy_columns = c.fp8->input(fp8::Role::grad_output, dy, c.M, c.N, Inner::along_columns, true);
-          dx = detail::product<T>(Transpose::no, Transpose::yes, c.M, c.K, c.N, dy_columns, c.kernel).reshape(x_shape);
-        }
-        if (needs[1]) {
-          const auto xr = c.fp8->input(fp8::Role::input, c.x, c.M, c.K, Inner::along_rows, false);
-          const auto dyr = c.fp8->along_rows(fp8::Role::grad_output, dy, c.M, c.N, dy_columns, !needs[0]);
-          dw = detail::rounded_tensor<P>(detail::weight_gradient(xr, dyr, c.M, c.K, c.N).data(), Shape{c.K, c.N});
-        }
-        if (has_bias && needs[2]) db = detail::rounded_tensor<P>(detail::column_sums(dy, c.M, c.N).data(), Shape{c.N});
-        return std::tuple{dx, dw, db};
+        const Tensor<T> dy = dy_in.reshape(Shape{M, N});
+        const bool need_bias = has_bias && needs[2];
+        auto [dx, dw, db] = by_device(
+            op_name, dy.device(), [&] { return dense_backward<T, P>(c, dy, needs[0], needs[1], need_bias); },
+            [&](auto) {
+              const auto g = detail::device_dense_backward<T, P>(c.device, dy, needs[0], needs[1], need_bias);
+              return std::tuple{g.dx, g.dkernel, g.db};
+            });
+        return std::tuple{needs[0] ? dx.reshape(x_shape) : Tensor<T>(), dw, db};
       },
       x, kernel, bias_or_absent);
 }

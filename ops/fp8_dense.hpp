@@ -8,8 +8,8 @@
 // roles of ops/fp8.hpp: x is Role::input, the kernel Role::kernel1, dy Role::grad_output (the state's other roles
 // stay untouched; the state's own errors name them as layernorm_mlp's: h, w1, dy). Products accumulate in
 // C = compute_t<T> and round to T once; the kernel is quantized from its own dtype P and the bias rounded to T; the
-// parameters' gradients are summed in C and rounded once to P. On the CPU (any recipe); x on a GPU is refused by
-// name.
+// parameters' gradients are summed in C and rounded once to P. On the CPU and, for T in f32, bf16 or f16, on a GPU
+// (ops/fp8_dense_gpu.hpp), in every recipe.
 #pragma once
 
 #include "tapegrad/autodiff/var.hpp"

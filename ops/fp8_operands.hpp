@@ -49,13 +49,18 @@ template <class T> class Fp8Operands {
   // Whether an input's quantization depends on the way it is read.
   bool tiled() const { return std::holds_alternative<fp8::BlockScaling>(q_.recipe); }
 
-  // Weight `role` ([rows, cols], in P, its columns `parts` equal parts) as the products read it.
+  // Weight `role` ([rows, cols], in P, its columns `parts` equal parts) as the products read it (with a weight
+  // cache: the copy it holds of w).
   template <class P>
   Tensor<C> weight(fp8::Role role, const Tensor<P>& w, std::int64_t rows, std::int64_t cols,
                    std::int64_t parts = 1) const {
-    if (!tiled()) return per_tensor(role, w, true);
-    require_finite(role, amax_of(w));
-    return block_quantized<C>(w, rows, cols, 128, 128, parts);
+    const auto quantize = [&] {
+      if (!tiled()) return per_tensor(role, w, true);
+      require_finite(role, amax_of(w));
+      return block_quantized<C>(w, rows, cols, 128, 128, parts);
+    };
+    if (!q_.weight_cache) return quantize();
+    return q_.weight_cache->copy<Tensor<C>>(role, w, Shape{rows, parts, cols / parts}, quantize);
   }
 
   // Input `role` ([rows, cols], in T, its columns `parts` equal parts) as a product reads it; `first`: the pass's

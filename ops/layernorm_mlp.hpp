@@ -59,8 +59,8 @@ struct ClampedSwigluParams {
 
 // FP8 quantization of the node's GEMM inputs (options.fp8; ops/fp8.hpp): each product multiplies fp8 values (h and
 // W1, a and W2 forward; dy, dz and the same fp8 h, a, W1, W2 backward) and accumulates in f32 (f64 for T = f64 on
-// the CPU), its result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, delayed or
-// current scaling (ops/layernorm_mlp_gpu_fp8.hpp); block scaling on the CPU only.
+// the CPU), its result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, every recipe
+// (ops/fp8_device.hpp).
 
 struct LayerNormMLPOptions {
   NormType norm = NormType::layernorm;

@@ -24,8 +24,6 @@
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
-#include "tapegrad/cuda/reduce.hpp"
-#include "tapegrad/cuda/row_copy.hpp"
 #include "tapegrad/ops/activation_table.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
@@ -67,77 +65,6 @@ template <class T> MlpDims padded_dims(const MlpDims& d, const std::optional<Fp8
   const auto up = [v](std::int64_t n) { return (n + v - 1) / v * v; };
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
-
-// Tensors resized together, in one launch (a step's paddings, or its crops): add(t, shape) is t in the leading corner
-// of a tensor of `shape`, zero elsewhere (padding), or the leading corner `shape` of t (cropping); t itself where it
-// has that shape. The tensor it returns holds the copy once run() has queued it. Only the first and last axes may
-// differ: a copy moves whole rows of the last axis, rows added or dropped at the end.
-template <class T> class Resizes {
- public:
-  Tensor<T> add(const Tensor<T>& t, const Shape& shape) {
-    if (t.shape() == shape) return t;
-    const int rank = shape.rank();
-    bool alike = rank > 0 && t.shape().rank() == rank;
-    for (int a = 1; alike && a + 1 < rank; ++a) alike = t.shape().dim(a) == shape.dim(a);
-    check(alike, "layernorm_mlp", "cannot resize ", t.shape(), " to ", shape,
-          " (only the first and last axes may differ)");
-    if (copies_.size() == cuda::max_row_copies) run();
-    Tensor<T> out(shape, t.device());
-    copies_.push_back(
-        {t.data(), rows(t.shape()), t.shape().dim(rank - 1), out.data(), rows(shape), shape.dim(rank - 1)});
-    sources_.push_back(t);  // a temporary (a cast) stays alive until its copy is queued
-    return out;
-  }
-  void run() {
-    if (copies_.empty()) return;
-    cuda::copy_rows(dtype_v<T>, copies_, sources_.front().device().index);
-    copies_.clear();
-    sources_.clear();
-  }
-
- private:
-  static std::int64_t rows(const Shape& s) {
-    std::int64_t n = 1;
-    for (int a = 0; a + 1 < s.rank(); ++a) n *= s.dim(a);
-    return n;
-  }
-  std::vector<cuda::RowCopy> copies_;
-  std::vector<Tensor<T>> sources_;
-};
-
-template <class T> Tensor<T> resized(const Tensor<T>& t, const Shape& shape) {
-  Resizes<T> one;
-  Tensor<T> out = one.add(t, shape);
-  one.run();
-  return out;
-}
-
-// A parameter gradient summed in C = compute_t<T> and rounded once to P. Launchers write it (in the padded shape)
-// straight into P where P is T (their output in T) or C (their wide output); any other P gets it in C, then a cast.
-template <class P, class T> class ParamGrad {
-  using C = compute_t<T>;
-  using Written = std::conditional_t<std::is_same_v<P, T>, T, C>;
-
- public:
-  static constexpr bool wide = !std::is_same_v<P, T>;  // what the launcher is asked for
-  ParamGrad(const Shape& shape, const Shape& padded_shape, Device device)
-      : shape_(shape), written_(padded_shape, device) {}
-  void* data() { return written_.data(); }
-  // The gradient in P. Given `crops` where P is T, its crop is queued there (the tensor returned holds it once they
-  // have run); otherwise cropped and cast now, which frees the gradient in C early.
-  Tensor<P> result(Resizes<T>* crops = nullptr) const {
-    if constexpr (std::is_same_v<P, T>) {
-      if (crops) return crops->add(written_, shape_);
-    }
-    const Tensor<Written> out = resized(written_, shape_);
-    if constexpr (std::is_same_v<P, Written>) return out;
-    else return cast<P>(out);
-  }
-
- private:
-  Shape shape_;
-  Tensor<Written> written_;
-};
 
 // Whether GEMM1 applies the activation in cuBLASLt's epilogue (GELU_AUX_BIAS): GELU with a bias, in a type it has
 // the epilogue for, on rows the epilogue can write (ffn a multiple of 8 elements).
@@ -190,14 +117,6 @@ template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* me
   return h;
 }
 
-// Σ_rows of t [M, width] (summed in T's accumulation type) as P [shape].
-template <class P, class T> Tensor<P> column_sums(const Tensor<T>& t, std::int64_t width, const Shape& shape) {
-  ParamGrad<P, T> sums(shape, shape, t.device());
-  cuda::sum(dtype_v<T>, t.data(), {{t.numel() / width, width}, {true, false}}, 1.0, sums.data(), t.device().index,
-            ParamGrad<P, T>::wide);
-  return sums.result();
-}
-
 // Aᵀ · B over M rows (T's products accumulated in C by the tensor cores) as P [shape]: A [M, K1], B [M, K2] →
 // [K1, K2] (of `padded_shape`), cropped to `shape`.
 template <class P, class T>
@@ -207,27 +126,6 @@ Tensor<P> weight_gradient(const Tensor<T>& a, const Tensor<T>& b, std::int64_t M
   product(a, true, b, false, k1, k2, M, nullptr, 0.0, out.data(), ParamGrad<P, T>::wide);
   return out.result(crops);
 }
-// The same from the transposed codes of A and B (fp8), whose inner size is M padded to 16 with zeros.
-template <class P, class T>
-Tensor<P> weight_gradient(const DeviceMlp<T>& s, const Fp8Codes& a, const Fp8Codes& b, const Shape& shape,
-                          const Shape& padded_shape, Resizes<T>* crops = nullptr) {
-  ParamGrad<P, T> out(shape, padded_shape, s.x.device());
-  s.fp8->product(a, Fp8Layout::transposed, b, Fp8Layout::transposed, a.cols, b.cols, a.transposed_ld,
-                 ParamGrad<P, T>::wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, 0.0, false);
-  return out.result(crops);
-}
-
-// A weight [shape] padded to `padded` and quantized in both layouts, from P itself where the kernels read it (as
-// the CPU quantizes it), f64 by way of f32 (which is what the CPU's quantization reads of it).
-template <class P>
-Fp8Codes quantized_weight(const DeviceMlpFp8& q, fp8::Role role, const Tensor<P>& w, const Shape& shape,
-                          const Shape& padded) {
-  using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
-  const Tensor<Q> wp = resized(cast<Q>(w).reshape(shape), padded);
-  const std::int64_t rows = padded.dim(0), cols = padded.numel() / rows;
-  return q.quantize(role, dtype_v<Q>, wp.data(), rows, cols, true, true, true);
-}
-
 template <class T> bool is_layernorm(const DeviceMlp<T>& s) { return s.norm.centered; }
 
 // dW2 = aᵀ · dy from a and dy (padded; with fp8 dy's codes dyq), as P.
@@ -238,7 +136,7 @@ Tensor<P> second_weight_gradient(const DeviceMlp<T>& s, const Tensor<T>& a, cons
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   if (!s.fp8) return weight_gradient<P>(a, dy, M, Fp, Hp, Shape{F, H}, Shape{Fp, Hp}, crops);
   const Fp8Codes aq = s.fp8->quantize(fp8::Role::activation, dtype_v<T>, a.data(), M, Fp, false, true, false);
-  return weight_gradient<P>(s, aq, dyq, Shape{F, H}, Shape{Fp, Hp}, crops);
+  return fp8_weight_gradient<P, T>(*s.fp8, aq, dyq, Shape{F, H}, Shape{Fp, Hp}, s.x.device(), crops);
 }
 
 // What the activation's backward leaves for dW1 and dh: dz (in z's memory), or with delayed scaling dz's codes.
@@ -276,9 +174,9 @@ HiddenGradient<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const 
                          device);
   }
   HiddenGradient<T> out;
-  DeviceMlpFp8::Target a_codes;
+  DeviceFp8::Target a_codes;
   if (fused) {
-    const DeviceMlpFp8::Target dz_codes = s.fp8->target(fp8::Role::grad_hidden, M, n * Fp, true, need_dh, need.w1);
+    const DeviceFp8::Target dz_codes = s.fp8->target(fp8::Role::grad_hidden, M, n * Fp, true, need_dh, need.w1);
     a_codes = s.fp8->target(fp8::Role::activation, M, Fp, false, false, need.w2);
     const auto bytes = [](const std::shared_ptr<Storage>& codes) { return codes ? codes->data() : nullptr; };
     cuda::mlp_activation_backward_codes(dtype_v<T>, device.index, activation_form(s.options), z.data(), da.data(),
@@ -310,7 +208,7 @@ HiddenGradient<T> activation_backward(const DeviceMlp<T>& s, Tensor<T> z, const 
   if (db1) g.db1 = db1->result(&crops);
   partials = Tensor<C>();  // summed into db1; released before dW2 (it can be M / 4 rows of nF in C)
   if (need.w2) {
-    g.dw2 = fused ? weight_gradient<P>(s, a_codes.codes, dyq, Shape{F, H}, Shape{Fp, Hp}, &crops)
+    g.dw2 = fused ? fp8_weight_gradient<P, T>(*s.fp8, a_codes.codes, dyq, Shape{F, H}, Shape{Fp, Hp}, device, &crops)
                   : second_weight_gradient<P>(s, da, dy, dyq, &crops);  // da holds a
   }
   return out;
@@ -339,7 +237,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
   if (options.fp8) {
-    s.fp8.emplace(*options.fp8, device);  // (delayed scaling: ends the state's previous step first)
+    s.fp8.emplace("layernorm_mlp", *options.fp8, device);  // (delayed scaling: ends the state's previous step first)
     s.w1q = quantized_weight(*s.fp8, fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp});
     s.w2q = quantized_weight(*s.fp8, fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp});
   } else {
@@ -371,7 +269,7 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   }
   Fp8Codes aq;
   if (s.fp8 && s.fp8->scales_ahead()) {  // the activation kernel writes a's codes
-    const DeviceMlpFp8::Target t = s.fp8->target(fp8::Role::activation, M, Fp, true);
+    const DeviceFp8::Target t = s.fp8->target(fp8::Role::activation, M, Fp, true);
     const cuda::MlpActivationCodes codes{t.codes.codes->data(), t.scale, t.amax};
     cuda::mlp_activation_forward(dtype_v<T>, device.index, activation_form(options), z.data(), nullptr, M, Fp, &codes);
     aq = t.codes;
@@ -441,7 +339,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   }
   if (need.w1) {
     const Shape shape{H, n, F}, padded_shape{Hp, n, Fp};
-    g.dw1 = s.fp8 ? weight_gradient<P>(s, hq, dzq, shape, padded_shape, &crops)
+    g.dw1 = s.fp8 ? fp8_weight_gradient<P, T>(*s.fp8, hq, dzq, shape, padded_shape, device, &crops)
                   : weight_gradient<P>(h, dz, M, Hp, n * Fp, shape, padded_shape, &crops);
   }
   h = Tensor<T>();

@@ -13,7 +13,7 @@
 // backward stays with the activation kernel: cuBLASLt 13's DGELU epilogue ran as an older, slower GEMM kernel, and
 // DGELU_BGRAD added the bias gradient in a separate kernel (bench/RESULTS.md (j)).
 //
-// FP8 (options.fp8, ops/layernorm_mlp_gpu_fp8.hpp): the same steps with every product an FP8 one of quantized
+// FP8 (options.fp8, ops/fp8_device.hpp): the same steps with every product an FP8 one of quantized
 // operands; h is kept as its transposed codes instead of h, the weights as codes, and the GELU epilogue is not used.
 //
 // Sizes: where H or F is no multiple of 16 bytes of T, cuBLASLt cannot use its TMA kernels (the rows of every operand
@@ -30,7 +30,7 @@
 #include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/layernorm_mlp.hpp"
 #include "tapegrad/ops/layernorm_mlp_check.hpp"
-#include "tapegrad/ops/layernorm_mlp_gpu_fp8.hpp"
+#include "tapegrad/ops/fp8_device.hpp"
 #include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::detail {
@@ -53,7 +53,7 @@ template <class T> struct DeviceMlp {
   Tensor<T> h, z;                          // padded: [M, H] and [M, nF], kept by policy; with fp8 no h
   // With fp8: the step's quantization, W1 [H, nF] and W2 [F, H] in both layouts (padded), and by policy h's
   // transposed codes (what dW1 reads) in place of h.
-  std::optional<DeviceMlpFp8> fp8;
+  std::optional<DeviceFp8> fp8;
   Fp8Codes w1q, w2q, hq;
 };
 

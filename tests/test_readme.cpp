@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "project_attend.hpp"
@@ -142,4 +144,18 @@ TEST_CASE("the README's checkpoint example resumes a module and its optimizer fr
   CHECK(optimizer.state_dict().at("state.wi_kernel.step").get<std::int64_t>().item() == 1);
   std::filesystem::remove(model_file);
   std::filesystem::remove(optimizer_file);
+}
+
+TEST_CASE("the README's micro-batch example quantizes the kernel once per optimizer step") {
+  Var<float> kernel = param(randn<float>({64, 32}, 1, 0.0, 0.1)), bias = param(zeros<float>({32}));
+  optim::AdamW optimizer({kernel, bias});
+  Fp8Quantization q = fp8_quantization(fp8::CurrentScaling{});
+  q.weight_cache = std::make_shared<fp8::WeightCache>();
+  for (std::uint64_t micro_batch = 0; micro_batch < 4; ++micro_batch) {  // the kernel is quantized once
+    backward(mean(square(fp8_dense(constant(randn<float>({16, 64}, micro_batch)), kernel, bias, q))));
+  }
+  optimizer.step();
+  q.weight_cache->clear();  // the weights changed in place: the next forward quantizes them again
+  CHECK(q.weight_cache->copies_made() == 1);
+  CHECK(kernel.grad().defined());
 }

@@ -27,6 +27,9 @@ struct DenseConfig {
   Initializer kernel_init = Initializer::lecun_normal();  // fan_in = in
   Initializer bias_init = Initializer::zeros();
   std::optional<fp8::Recipe> fp8{};  // none: an unquantized product; the module owns delayed scaling's state
+  // With fp8: keep the kernel's fp8 copy from forward to forward (micro-batches, ops/fp8_weight_cache.hpp) until
+  // the module's parameters_changed().
+  bool fp8_weight_cache = false;
 };
 
 // x [..., in] · kernel [in, F] (+ bias [F] when defined), in U.
@@ -43,7 +46,7 @@ template <class P> struct DenseParameters {
           " and ", config.features);
     owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed);
     if (config.use_bias) owner.init_parameter("bias", bias, config.bias_init, {config.features}, seed);
-    if (config.fp8) fp8 = fp8_quantization(*config.fp8);
+    fp8 = module_fp8(config.fp8, config.fp8_weight_cache);
   }
   // x is already in the compute dtype U; the parameters are rounded to it (with fp8: the kernel quantized from P).
   template <class U> Var<U> apply(const Var<U>& x) const {
@@ -81,6 +84,7 @@ class Dense : public Module {
  protected:
   StateDict own_buffers() const override { return detail::fp8_buffers(dense_.fp8); }
   void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(dense_.fp8, buffers); }
+  void own_parameters_changed() override { detail::clear_fp8_weight_cache(dense_.fp8); }
 
  private:
   detail::DenseParameters<P> dense_;

@@ -1,9 +1,10 @@
-// What a module with an FP8 recipe shares (LayerNormMLP, Dense, LayerNormDense): the lines summary() shows of its
-// quantization, and delayed scaling's state as the module's buffers (state_dict): "fp8_amax_history"
-// [role_count, amax_history_len] and "fp8_scale" [role_count] in f32, "fp8_steps" and "fp8_pending" (a step in
-// progress: 0 or 1) as i64 scalars.
+// What a module with an FP8 recipe shares (LayerNormMLP, Dense, LayerNormDense): its quantization made from its
+// config, the lines summary() shows of it, its weight cache cleared when the parameters change, and delayed scaling's
+// state as the module's buffers (state_dict): "fp8_amax_history" [role_count, amax_history_len] and "fp8_scale"
+// [role_count] in f32, "fp8_steps" and "fp8_pending" (a step in progress: 0 or 1) as i64 scalars.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,11 +15,24 @@
 
 namespace tapegrad::nn::detail {
 
+// The module's quantization: the recipe with a fresh state where it needs one, and a weight cache where asked for.
+inline std::optional<Fp8Quantization> module_fp8(const std::optional<fp8::Recipe>& recipe, bool weight_cache) {
+  if (!recipe) return std::nullopt;
+  Fp8Quantization q = fp8_quantization(*recipe);
+  if (weight_cache) q.weight_cache = std::make_shared<fp8::WeightCache>();
+  return q;
+}
+
+inline void clear_fp8_weight_cache(const std::optional<Fp8Quantization>& q) {
+  if (q && q->weight_cache) q->weight_cache->clear();
+}
+
 // The recipe with its settings and, for delayed scaling, the steps its state has completed; none without fp8.
 inline std::vector<std::string> fp8_notes(const std::optional<Fp8Quantization>& q) {
   if (!q) return {};
   std::vector<std::string> notes{fp8::describe(q->recipe)};
   if (q->state) notes.push_back("fp8 steps done: " + std::to_string(q->state->steps()));
+  if (q->weight_cache) notes.push_back("fp8 weight copies made: " + std::to_string(q->weight_cache->copies_made()));
   return notes;
 }
 

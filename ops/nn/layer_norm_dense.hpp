@@ -51,6 +51,7 @@ class LayerNormDense : public Module {
  protected:
   StateDict own_buffers() const override { return detail::fp8_buffers(dense_.fp8); }
   void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(dense_.fp8, buffers); }
+  void own_parameters_changed() override { detail::clear_fp8_weight_cache(dense_.fp8); }
 
  private:
   template <class T> LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x) const {

@@ -31,6 +31,9 @@ struct LayerNormMLPConfig {
   Initializer bias_init = Initializer::zeros();
   Recompute recompute = Recompute::save_all;
   std::optional<fp8::Recipe> fp8{};  // none: unquantized products; the module owns delayed scaling's state
+  // With fp8: keep the kernels' fp8 copies from forward to forward (micro-batches, ops/fp8_weight_cache.hpp) until
+  // the module's parameters_changed().
+  bool fp8_weight_cache = false;
 };
 
 template <class P, class C = void>
@@ -39,7 +42,7 @@ class LayerNormMLP : public Module {
  public:
   LayerNormMLP(std::int64_t hidden, LayerNormMLPConfig config, std::uint64_t seed, Device device = Device::cpu())
       : Module("LayerNormMLP", device), config_(std::move(config)), norm_(*this, hidden, config_.norm, seed) {
-    if (config_.fp8) fp8_ = fp8_quantization(*config_.fp8);
+    fp8_ = detail::module_fp8(config_.fp8, config_.fp8_weight_cache);
     const std::int64_t n = activation_width(config_.activation), F = config_.intermediate_dim;
     check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
     // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.
@@ -74,6 +77,7 @@ class LayerNormMLP : public Module {
  protected:
   StateDict own_buffers() const override { return detail::fp8_buffers(fp8_); }
   void load_own_buffers(const StateDict& buffers) override { detail::load_fp8_buffers(fp8_, buffers); }
+  void own_parameters_changed() override { detail::clear_fp8_weight_cache(fp8_); }
 
  private:
   template <class T>

@@ -194,6 +194,11 @@ void Module::load_state_dict(const StateDict& dict, const LoadOptions& options) 
         p->var);
   }
   for (auto& [module, buffers] : buffer_values) module->load_own_buffers(buffers);
+  parameters_changed();
+}
+
+void Module::parameters_changed() {
+  for_each_module(*this, "", [](const std::string&, Module& module) { module.own_parameters_changed(); });
 }
 
 Module& Module::to(Device device) {

@@ -91,6 +91,10 @@ class Module {
   // problem (missing and unexpected entries where strict, wrong shapes, wrong dtypes unless cast) is reported at
   // once, in one Error naming the module and each path, and then nothing is changed.
   void load_state_dict(const StateDict& dict, const LoadOptions& options = {});
+  // Says that parameter values of this module or its children changed in place (an optimizer's step), so that
+  // copies made from them are made again: the fp8 weight caches of modules configured with one
+  // (`.fp8_weight_cache`). load_state_dict calls it; a module without such copies ignores it.
+  void parameters_changed();
 
   // Registers `parameter`, a member of the subclass, as own parameter `name`.
   template <class P> void add_parameter(std::string name, Var<P>& parameter) {
@@ -117,6 +121,8 @@ class Module {
   // load_own_buffers receives exactly the names own_buffers() gives, each checked for its dtype and shape.
   virtual StateDict own_buffers() const { return {}; }
   virtual void load_own_buffers(const StateDict& buffers) { (void)buffers; }
+  // What parameters_changed() does to this module alone (nothing by default).
+  virtual void own_parameters_changed() {}
 
   // Every module's operator() runs its body through this, so that summary() sees the call: body(inputs...). The
   // inputs (Vars) are checked to be defined first, naming the module.

@@ -1,4 +1,4 @@
-#include "tapegrad/ops/layernorm_mlp_gpu_fp8.hpp"
+#include "tapegrad/ops/fp8_device.hpp"
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
@@ -22,7 +22,8 @@ std::shared_ptr<Storage> bytes_on(Device device, std::int64_t bytes) {
 
 }  // namespace
 
-DeviceMlpFp8::DeviceMlpFp8(const Fp8Quantization& q, Device device) : q_(q), device_(device) {
+DeviceFp8::DeviceFp8(std::string_view op, const Fp8Quantization& q, Device device)
+    : op_(op), q_(q), device_(device) {
   if (tiled()) return;  // block scaling: each tile's scale lives beside its codes (Fp8Codes), none per role
   if (!q_.state) {  // current scaling: each quantization makes its own (nothing to upload, so a graph can capture it)
     scalars_ = Tensor<float>(Shape{fp8::role_count, fields}, device);
@@ -39,11 +40,11 @@ DeviceMlpFp8::DeviceMlpFp8(const Fp8Quantization& q, Device device) : q_(q), dev
   scalars_ = host.to(device);
 }
 
-float* DeviceMlpFp8::slot(fp8::Role role, int field) const {
+float* DeviceFp8::slot(fp8::Role role, int field) const {
   return const_cast<float*>(scalars_.data()) + static_cast<std::int64_t>(role) * fields + field;
 }
 
-Fp8Codes DeviceMlpFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes,
+Fp8Codes DeviceFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes,
                                  bool transposed) const {
   Fp8Codes out;
   out.format = dtype_of(fp8::format_of(formats_of(q_.recipe), role));
@@ -55,6 +56,7 @@ Fp8Codes DeviceMlpFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t
   if (transposed) out.transposed = bytes_on(device_, cols * out.transposed_ld);
   if (!tiled()) {
     out.scale_inv = slot(role, scale_inv_field);
+    out.scalars = scalars_;
     return out;
   }
   out.scaling = role == fp8::Role::kernel1 || role == fp8::Role::kernel2 ? cuda::Fp8Scaling::blocks_128x128
@@ -67,7 +69,7 @@ Fp8Codes DeviceMlpFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t
   return out;
 }
 
-void DeviceMlpFp8::record_later(fp8::Role role) const {
+void DeviceFp8::record_later(fp8::Role role) const {
   if (!host_scalars_ || host_scalars_->defined()) host_scalars_ = std::make_shared<Tensor<float>>();
   q_.state->record_later(role, [host = host_scalars_, scalars = scalars_, role] {
     if (!host->defined()) *host = scalars.to(Device::cpu());
@@ -75,9 +77,9 @@ void DeviceMlpFp8::record_later(fp8::Role role) const {
   });
 }
 
-DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first,
+DeviceFp8::Target DeviceFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first,
                                            bool codes, bool transposed) const {
-  check(scales_ahead() || (!first && !tiled()), "layernorm_mlp", fp8::describe(q_.recipe), " has no scale for ",
+  check(scales_ahead() || (!first && !tiled()), op_, fp8::describe(q_.recipe), " has no scale for ",
         fp8::role_name(role), " before its tensor exists");
   const bool record = first && q_.state;
   if (record) record_later(role);
@@ -85,7 +87,7 @@ DeviceMlpFp8::Target DeviceMlpFp8::target(fp8::Role role, std::int64_t rows, std
           record ? slot(role, amax_field) : nullptr};
 }
 
-Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
+Fp8Codes DeviceFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
                                 bool codes, bool transposed, bool first) const {
   const Fp8Codes out = codes_for(role, rows, cols, codes, transposed);
   if (tiled()) {
@@ -126,7 +128,7 @@ Fp8Codes DeviceMlpFp8::quantize(fp8::Role role, DType dtype, const void* x, std:
   return out;
 }
 
-void DeviceMlpFp8::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
+void DeviceFp8::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
                            std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
                            const void* bias, double beta, bool forward) const {
   struct Operand {

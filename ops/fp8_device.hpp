@@ -1,6 +1,6 @@
-// layernorm_mlp's FP8 quantization on the GPU: the CPU's recipes (ops/fp8_operands.hpp) with the quantized
-// tensors kept as fp8 codes on the device and multiplied by cuBLASLt's FP8 kernels. Internal: included by
-// ops/layernorm_mlp_gpu*.cpp only.
+// FP8 quantization on the GPU (layernorm_mlp's, fp8_dense's): the CPU's recipes (ops/fp8_operands.hpp) with the
+// quantized tensors kept as fp8 codes on the device and multiplied by cuBLASLt's FP8 kernels. Internal: included by
+// ops/*_gpu.cpp only.
 //
 // A step's scales live on the device, per role: delayed scaling's come from its state when the step starts; current
 // scaling makes each from the tensor's amax there (no wait for the device). Delayed scaling's amaxes are taken by the
@@ -13,10 +13,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
+#include <type_traits>
 #include <variant>
 
 #include "tapegrad/cuda/blaslt.hpp"
-#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/device_tensors.hpp"
+#include "tapegrad/ops/fp8.hpp"
 #include "tapegrad/tensor/storage.hpp"
 #include "tapegrad/tensor/tensor.hpp"
 
@@ -32,6 +35,7 @@ struct Fp8Codes {
   std::shared_ptr<Storage> codes, transposed;
   std::int64_t rows = 0, cols = 0, code_rows = 0, transposed_ld = 0;
   const float* scale_inv = nullptr;
+  Tensor<float> scalars;  // what scale_inv points into, kept with the codes (a weight cache keeps them past the step)
   cuda::Fp8Scaling scaling = cuda::Fp8Scaling::tensor;
   std::shared_ptr<Storage> scales, transposed_scales;
 };
@@ -39,11 +43,12 @@ struct Fp8Codes {
 // Which of an input's two layouts a product reads.
 enum class Fp8Layout : bool { codes, transposed };
 
-class DeviceMlpFp8 {
+class DeviceFp8 {
  public:
-  // Starts the node's step on `device` (delayed scaling first ends the state's previous one), for a recipe and x's
-  // dtype that check_fp8_on_device (ops/layernorm_mlp_check.hpp) has let through.
-  DeviceMlpFp8(const Fp8Quantization& q, Device device);
+  // Starts op's step on `device` (delayed scaling first ends the state's previous one), for a recipe and x's dtype
+  // that check_fp8_on_device (ops/layernorm_mlp_check.hpp) has let through. `op` names it in errors.
+  DeviceFp8(std::string_view op, const Fp8Quantization& q, Device device);
+  const Fp8Quantization& quantization() const { return q_; }
 
   // x [rows, cols] (f32, bf16 or f16 on the device) quantized for `role`, in the layouts asked for. The step's first
   // quantization of a tensor (`first`) makes the role's scale from its amax (current scaling) or records its amax
@@ -81,6 +86,7 @@ class DeviceMlpFp8 {
   // Delayed scaling: the state reads role's amax from the device when its step ends.
   void record_later(fp8::Role role) const;
 
+  std::string_view op_;
   Fp8Quantization q_;
   Device device_;
   // [role_count, 4]: scale_inv (16-byte aligned, as cuBLASLt reads it), scale, amax, unused; none with block scaling
@@ -89,5 +95,32 @@ class DeviceMlpFp8 {
   // step end reads the device once, not once per amax.
   mutable std::shared_ptr<Tensor<float>> host_scalars_;
 };
+
+// A weight [shape] (in P) padded to `padded` and quantized in both layouts, from P itself where the kernels read it
+// (as the CPU quantizes it), f64 by way of f32 (which is what the CPU's quantization reads of it); with a weight
+// cache, the copy it holds of w.
+template <class P>
+Fp8Codes quantized_weight(const DeviceFp8& q, fp8::Role role, const Tensor<P>& w, const Shape& shape,
+                          const Shape& padded) {
+  const auto quantize = [&] {
+    using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
+    const Tensor<Q> wp = resized(cast<Q>(w).reshape(shape), padded);
+    const std::int64_t rows = padded.dim(0), cols = padded.numel() / rows;
+    return q.quantize(role, dtype_v<Q>, wp.data(), rows, cols, true, true, true);
+  };
+  const auto& cache = q.quantization().weight_cache;
+  return cache ? cache->copy<Fp8Codes>(role, w, padded, quantize) : quantize();
+}
+
+// A weight's gradient Aᵀ · B as P [shape] from the transposed codes of A [M, K1] and B [M, K2] (whose inner size is M
+// padded with zeros): summed in f32 into [K1, K2] (of `padded_shape`), then cropped (onto `crops` where given).
+template <class P, class T>
+Tensor<P> fp8_weight_gradient(const DeviceFp8& q, const Fp8Codes& a, const Fp8Codes& b, const Shape& shape,
+                              const Shape& padded_shape, Device device, Resizes<T>* crops = nullptr) {
+  ParamGrad<P, T> out(shape, padded_shape, device);
+  q.product(a, Fp8Layout::transposed, b, Fp8Layout::transposed, a.cols, b.cols, a.transposed_ld,
+            ParamGrad<P, T>::wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, 0.0, false);
+  return out.result(crops);
+}
 
 }  // namespace tapegrad::detail
