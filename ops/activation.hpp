@@ -26,9 +26,10 @@ struct Sigmoid {
 };
 
 // Evaluates the array function Fn of ops/activation_arrays.hpp (its derivative when Derivative is true) as an Eigen
-// functor: packetOp gives it one packet as a fixed-size array, so a Tensor expression of it stays vectorized; the
-// scalar tail of a loop goes through the same formula, as a 1-element array. (functor_traits, at the end of this
-// file, tells Eigen that packetOp exists.)
+// functor: packetOp gives it one packet as a fixed-size array, so a Tensor expression of it stays vectorized; a
+// scalar (a loop's tail, which depends on how Eigen blocks the loop, and so on the thread count) goes through the
+// same packet code as lane 0 of a packet, so every element gets the same bits wherever it falls. (functor_traits, at
+// the end of this file, tells Eigen that packetOp exists.)
 template <class Fn, bool Derivative> struct ArrayFunctor {
   Fn fn;
   // The same function on the GPU (see ops/element_term.hpp): its op, and its parameter where it has one.
@@ -51,8 +52,8 @@ template <class Fn, bool Derivative> struct ArrayFunctor {
     }
   }
   template <class S> S operator()(S x) const {
-    using One = Eigen::Array<S, 1, 1>;
-    return apply<One>(One::Constant(x))(0);
+    using P = typename Eigen::internal::packet_traits<S>::type;
+    return Eigen::internal::pfirst(packetOp(Eigen::internal::pset1<P>(x)));
   }
   template <class P> P packetOp(const P& x) const {
     using S = typename Eigen::internal::unpacket_traits<P>::type;

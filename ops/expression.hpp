@@ -27,6 +27,7 @@
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/broadcast.hpp"
 #include "tapegrad/ops/element_term.hpp"
+#include "tapegrad/ops/row_sum.hpp"
 #include "tapegrad/tensor/core/op_scope.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -69,6 +70,39 @@ template <class Assign> void run(std::int64_t n, Assign&& assign) {
   run_on_cpu(n > parallel_threshold ? parallel_threshold : n * 8, assign);
 }
 
+// g (an Eigen expression of the output's shape, in C) as a view: evaluated once into `buffer` (vectorized, on the pool
+// when large) unless it is a view already. Where two branches read the same gradient, or a reduction would
+// evaluate it coefficient by coefficient, this evaluates its functions (exp, the activations) once, in packets.
+template <class C, std::size_t N, class G, int R = static_cast<int>(N)>
+ConstTensorView<C, R> materialized(const std::array<Eigen::Index, N>& dims, const G& g, Tensor<C>& buffer) {
+  if constexpr (std::is_same_v<G, ConstTensorView<C, R>>) {
+    return g;
+  } else {
+    buffer = Tensor<C>(Shape{Eigen::internal::array_prod(dims)});
+    auto b = view_as<R>(buffer, dims);
+    run(buffer.numel(), [&](auto& d) { b.device(d) = g; });
+    return ConstTensorView<C, R>(buffer.data(), dims);
+  }
+}
+
+// Where a leaf of dims `own` is broadcast along leading axes only (factor > 1 only before its first own axis of
+// size > 1; a bias), the output seen as [rows, cols] with the leaf one row of cols: its gradient is g's column sums.
+struct LeadingBroadcast {
+  std::int64_t rows = 1, cols = 1;
+};
+template <std::size_t R>
+std::optional<LeadingBroadcast> leading_broadcast(const std::array<Eigen::Index, R>& own,
+                                                  const std::array<Eigen::Index, R>& factor) {
+  LeadingBroadcast split;
+  std::size_t axis = 0;
+  for (; axis < R && own[axis] == 1; ++axis) split.rows *= factor[axis];
+  for (; axis < R; ++axis) {
+    if (factor[axis] != 1) return std::nullopt;
+    split.cols *= own[axis];
+  }
+  return split;
+}
+
 template <class T> class Leaf : public ExpressionTag {
  public:
   using element_type = T;
@@ -102,6 +136,20 @@ template <class T> class Leaf : public ExpressionTag {
     } else if ((*ctx.full)[Offset]) {
       auto o = view_as<R>(out, ctx.out_dims);
       run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
+    } else if (const auto leading = leading_broadcast((*ctx.dims)[Offset], (*ctx.factors)[Offset])) {
+      // g once, in packets, then its column sums in compute_t (blocked: the same bits for every thread count).
+      using C = compute_t<T>;
+      Tensor<C> buffer;
+      const C* rows = materialized<C>(ctx.out_dims, g, buffer).data();
+      const std::int64_t cols = leading->cols;
+      const std::vector<C> sums = detail::blocked_row_sum<C>(
+          leading->rows, cols, cols, [&](std::int64_t begin, std::int64_t end, C* partial) {
+            Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> total(partial, cols);
+            for (std::int64_t r = begin; r < end; ++r) {
+              total += Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>(rows + r * cols, cols);
+            }
+          });
+      out = detail::rounded_tensor<T>(sums.data(), var_.shape());
     } else {
       // Split each output axis into (own, broadcast) and sum the broadcast halves away.
       const auto& own = (*ctx.dims)[Offset];
@@ -184,10 +232,12 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
   }
   template <int Offset, class Ctx, class G>
   void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
-    const auto x = a_.template eigen<Offset>(ctx);
-    const auto y = b_.template eigen<Offset + A::leaves>(ctx);
-    if (a_.requires_grad()) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
-    if (b_.requires_grad()) b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+    if (a_.requires_grad() && b_.requires_grad()) {  // both read g: evaluate it once
+      Tensor<compute_t<element_type>> buffer;
+      backprop_both<Offset>(ctx, materialized<compute_t<element_type>>(ctx.out_dims, g, buffer), grads);
+    } else {
+      backprop_both<Offset>(ctx, g, grads);
+    }
   }
   template <int Offset> Term term() const {
     return Op::forward(a_.template term<Offset>(), b_.template term<Offset + A::leaves>());
@@ -214,6 +264,14 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
   }
 
  private:
+  template <int Offset, class Ctx, class G>
+  void backprop_both(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
+    const auto x = a_.template eigen<Offset>(ctx);
+    const auto y = b_.template eigen<Offset + A::leaves>(ctx);
+    if (a_.requires_grad()) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
+    if (b_.requires_grad()) b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+  }
+
   A a_;
   B b_;
 };

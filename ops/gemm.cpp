@@ -1,4 +1,5 @@
-// GEMM dispatch: Eigen Tensor contraction for small products, CBLAS for large f32/f64 ones.
+// GEMM dispatch: Eigen Tensor contraction for small products; for larger f32/f64 ones the engine measured faster
+// for the shape (ops/gemm_choice.hpp), Eigen's or CBLAS.
 //
 // Eigen path: the contraction pairs op(A)'s K axis with op(B)'s, so the transposes are contraction axes, never
 // copies, and the free axes come out as [M, N] in all four cases. Eigen maps need contiguous rows, so an operand
@@ -8,8 +9,11 @@
 #include "tapegrad/ops/gemm.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <type_traits>
 
+#include "tapegrad/ops/gemm_choice.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
@@ -20,6 +24,8 @@
 namespace tapegrad {
 
 namespace {
+
+using detail::GemmEngine;
 
 // The extent a matrix is stored with: op(X) is [rows, cols] when not transposed.
 struct Extent {
@@ -97,6 +103,17 @@ void blas_gemm(Transpose ta, Transpose tb, int M, int N, int K, double alpha, co
   cblas_dgemm(CblasRowMajor, blas_transpose(ta), blas_transpose(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Above this many multiply-adds CBLAS runs without a measurement (which would cost four such products).
+constexpr std::int64_t max_measured_work = std::int64_t{1} << 31;
+
+// The engine faster_engine finds for this problem, as a path.
+template <class T, class Seconds>
+GemmPath measured_path(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                       const Seconds& seconds) {
+  const detail::GemmProblem problem{M, N, K, trans_a, trans_b, std::is_same_v<T, double>};
+  return detail::faster_engine(problem, seconds) == detail::GemmEngine::blas ? GemmPath::blas : GemmPath::eigen;
+}
+
 bool fits_int(std::initializer_list<std::int64_t> values) {
   for (std::int64_t v : values) {
     if (v > INT_MAX) return false;
@@ -113,11 +130,24 @@ void float_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64
                                                            "without a CBLAS (meson option blas)");
 #ifdef TAPEGRAD_HAVE_CBLAS
   const bool fits = fits_int({M, N, K, lda, ldb, ldc});
-  if (path == GemmPath::blas || (path == GemmPath::automatic && fits && M * N * K >= blas_min_work)) {
+  const auto blas = [&](T* out, T out_beta, std::int64_t ld_out) {
     check(fits, "gemm", "sizes M ", M, ", N ", N, ", K ", K, " or the leading dimensions exceed the CBLAS int range");
     sync_blas_threads();
     blas_gemm(trans_a, trans_b, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+              static_cast<int>(lda), B, static_cast<int>(ldb), out_beta, out, static_cast<int>(ld_out));
+  };
+  const std::int64_t work = M * N * K;
+  if (path == GemmPath::automatic && fits && work >= blas_min_work) {
+    path = work > max_measured_work ? GemmPath::blas : measured_path<T>(trans_a, trans_b, M, N, K, [&](GemmEngine e) {
+      Tensor<T> scratch(Shape{M, N});  // the product into scratch (C may be read by beta)
+      const auto start = std::chrono::steady_clock::now();
+      if (e == GemmEngine::blas) blas(scratch.data(), T(0), N);
+      else eigen_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, T(0), scratch.data(), N);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  if (path == GemmPath::blas) {
+    blas(C, beta, ldc);
     return;
   }
 #endif

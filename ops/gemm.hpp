@@ -3,8 +3,9 @@
 // op(A) is [M, K]: A is stored [M, K] (Transpose::no) or [K, M] (Transpose::yes), each row `lda` elements apart;
 // likewise op(B) is [K, N] and C is [M, N] with leading dimensions ldb and ldc. beta == 0 never reads C.
 // Small products run as an Eigen Tensor contraction (on the thread pool when large enough); products of at least
-// `blas_min_work` multiply-adds go to CBLAS when the build has it. bf16/f16 operands are widened to f32, multiplied
-// and accumulated in f32, and rounded to T once.
+// `blas_min_work` multiply-adds, when the build has a CBLAS, run on the engine measured faster for their shape
+// (ops/gemm_choice.hpp: Eigen's contraction or CBLAS). bf16/f16 operands are widened to f32, multiplied and
+// accumulated in f32, and rounded to T once.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +16,11 @@ namespace tapegrad {
 
 enum class Transpose : bool { no, yes };
 
-// Which kernel runs the product; `automatic` picks by size. Forcing one is for tests and benchmarks.
+// Which kernel runs the product; `automatic` picks by size and measurement. Forcing one is for tests and benchmarks.
 enum class GemmPath { automatic, eigen, blas };
 
-// M·N·K at and above which `automatic` calls CBLAS. Below it the op's own overhead outweighs the kernel; above it
-// OpenBLAS with its kernel for the CPU is 1.2-2x faster than Eigen's contraction (bench/RESULTS.md; but when
-// OPENBLAS_CORETYPE forces AVX2 kernels on an AVX-512 CPU, Eigen is ~20% faster).
+// M·N·K at and above which `automatic` chooses between Eigen and CBLAS by measurement; below it the op's own
+// overhead outweighs the kernel and Eigen's contraction runs.
 inline constexpr std::int64_t blas_min_work = std::int64_t{64} * 64 * 64;
 
 // Whether this build has a CBLAS; GemmPath::blas throws without one.

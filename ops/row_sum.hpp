@@ -1,7 +1,8 @@
 // Deterministic sums over rows for the CPU kernels (dgamma, dbeta, loss totals). Rows are cut into blocks whose
 // size depends only on the problem's shape; each block adds its rows, in order, into its own partial; then the
 // partials are added in block order. The thread pool only decides which thread runs which block, so the result is
-// bitwise the same for every thread count. Internal: included by ops/*.cpp only.
+// bitwise the same for every thread count. Internal to ops/ (installed: expressions sum a broadcast leaf's
+// gradient with it).
 #pragma once
 
 #include <algorithm>

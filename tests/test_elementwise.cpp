@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <memory>
+#include <random>
+#include <utility>
 
 #include "elementwise_checks.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -273,4 +275,26 @@ TEST_CASE("expand_to and sum_to throw naming both shapes") {
   CHECK_THROWS_WITH_AS(expand_to(zeros<float>({2}), {3}),
                        "expand_to: shapes [2] and [3] cannot be broadcast together", Error);
   CHECK_THROWS_WITH_AS(sum_to(zeros<float>({4}), {3, 4}), "sum_to: cannot reduce shape [4] to [3, 4]", Error);
+}
+
+TEST_CASE("a bias's gradient is the column sums of its partner's, with the same bits on every thread count") {
+  // In z + b with b broadcast along leading axes, dL/db sums dL/dz over the rows: both come from one evaluation of
+  // the gradient expression (gelu_tanh's derivative included), b's summed in blocks whose order is fixed.
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Tensor<double> z = randn<double>({3, 300, 130}, seed), b = randn<double>({130}, seed + 1);
+  const Tensor<double> r = randn<double>({3, 300, 130}, seed + 2);
+  const auto gradients = [&](int threads) {
+    const test::ThreadCount scoped(threads);
+    const Var<double> zv = param(z), bv = param(b);
+    backward(sum(gelu_tanh(zv + bv) * constant(r)));
+    return std::pair{zv.grad(), bv.grad()};
+  };
+  const auto [dz, db] = gradients(1);
+  const auto [dz2, db2] = gradients(2);
+  CHECK(test::bitwise_equal(dz, dz2));
+  CHECK(test::bitwise_equal(db, db2));
+  Tensor<double> column_sums = zeros<double>({130});
+  for (std::int64_t i = 0; i < dz.numel(); ++i) column_sums.flat(i % 130) += dz.flat(i);
+  check_close(db, column_sums, {1e-12, 1e-12});
 }

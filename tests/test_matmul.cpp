@@ -2,6 +2,7 @@
 
 #include "tapegrad/ops/broadcast.hpp"
 #include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/gemm_choice.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 
@@ -287,4 +288,25 @@ TEST_CASE("gemm with K = 0 scales C by beta, and checks its leading dimensions")
   CHECK_THROWS_WITH_AS(
       gemm<double>(Transpose::no, Transpose::no, 2, 3, 4, 1.0, before.data(), 2, before.data(), 3, 0.0, c.data(), 3),
       doctest::Contains("gemm: leading dimensions lda 2"), tapegrad::Error);
+}
+
+TEST_CASE("gemm measures both engines once per shape, keeps the faster, and accumulates into C with beta") {
+  if (!gemm_has_blas()) return;
+  const std::int64_t M = 97, N = 83, K = 71;  // a shape no other case multiplies
+  const Tensor<double> a = randn<double>({M, K}, 51), b = randn<double>({K, N}, 52), c0 = randn<double>({M, N}, 53);
+  const auto product = [&](GemmPath path, double beta) {
+    Tensor<double> c = c0.clone();
+    gemm<double>(Transpose::no, Transpose::no, M, N, K, 1.0, a.data(), K, b.data(), N, beta, c.data(), N, path);
+    return c;
+  };
+  const std::int64_t before = detail::measured_gemm_problems();
+  const Tensor<double> first = product(GemmPath::automatic, 1.0);
+  CHECK(detail::measured_gemm_problems() == before + 1);
+  CHECK(test::bitwise_equal(product(GemmPath::automatic, 1.0), first));  // the engine kept: the same bits
+  CHECK(detail::measured_gemm_problems() == before + 1);
+  CHECK((test::bitwise_equal(first, product(GemmPath::eigen, 1.0)) ||
+         test::bitwise_equal(first, product(GemmPath::blas, 1.0))));
+  Tensor<double> without_c = product(GemmPath::eigen, 0.0);
+  for (std::int64_t i = 0; i < without_c.numel(); ++i) without_c.flat(i) += c0.flat(i);
+  check_close(first, without_c, {1e-12, 1e-12});
 }
