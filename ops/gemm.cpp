@@ -103,9 +103,6 @@ void blas_gemm(Transpose ta, Transpose tb, int M, int N, int K, double alpha, co
   cblas_dgemm(CblasRowMajor, blas_transpose(ta), blas_transpose(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// Above this many multiply-adds CBLAS runs without a measurement (which would cost four such products).
-constexpr std::int64_t max_measured_work = std::int64_t{1} << 31;
-
 // The engine faster_engine finds for this problem, as a path.
 template <class T, class Seconds>
 GemmPath measured_path(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -138,7 +135,7 @@ void float_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64
   };
   const std::int64_t work = M * N * K;
   if (path == GemmPath::automatic && fits && work >= blas_min_work) {
-    path = work > max_measured_work ? GemmPath::blas : measured_path<T>(trans_a, trans_b, M, N, K, [&](GemmEngine e) {
+    path = measured_path<T>(trans_a, trans_b, M, N, K, [&](GemmEngine e) {
       Tensor<T> scratch(Shape{M, N});  // the product into scratch (C may be read by beta)
       const auto start = std::chrono::steady_clock::now();
       if (e == GemmEngine::blas) blas(scratch.data(), T(0), N);

@@ -13,6 +13,9 @@ namespace tapegrad::detail {
 
 namespace {
 
+// Above this many multiply-adds CBLAS runs without a measurement (which would cost four such products).
+constexpr std::int64_t max_measured_work = std::int64_t{1} << 31;
+
 struct Choices {
   std::mutex mutex;
   // By problem, not by thread count: a product then gives the same bits on every thread count, as every op does.
@@ -45,6 +48,7 @@ bool operator<(const GemmProblem& a, const GemmProblem& b) {
 
 GemmEngine faster_engine(const GemmProblem& problem, const std::function<double(GemmEngine)>& seconds) {
   if (policy() != Policy::measure) return policy() == Policy::eigen ? GemmEngine::eigen : GemmEngine::blas;
+  if (problem.M * problem.N * problem.K > max_measured_work) return GemmEngine::blas;
   Choices& c = choices();
   {
     std::lock_guard lock(c.mutex);

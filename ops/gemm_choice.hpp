@@ -2,7 +2,7 @@
 // everywhere (OpenBLAS with its kernel for the CPU is faster on large products; with kernels older than the CPU,
 // as an OPENBLAS_CORETYPE can force, Eigen's can be faster), so the choice is measured: the first product of each
 // (M, N, K, transposes, dtype) times both engines on its own operands and keeps the faster for the rest of the
-// process, on every thread count. Products within a process are so bitwise reproducible, whatever the thread count;
+// process, on every thread count (above 2^31 multiply-adds, where measuring would cost seconds, CBLAS runs). Products within a process are so bitwise reproducible, whatever the thread count;
 // TAPEGRAD_GEMM=eigen or =blas in the environment fixes the engine for every size (reproducible across processes).
 // Internal to ops/.
 #pragma once
