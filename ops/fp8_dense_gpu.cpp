@@ -1,20 +1,16 @@
 #include "tapegrad/ops/fp8_dense_gpu.hpp"
 
-#include <variant>
-
 namespace tapegrad::detail {
 
 template <class T, class P>
 Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const Tensor<T>& x,
                                const Tensor<P>& kernel, const Tensor<P>* bias) {
   const Device device = x.device();
-  const std::int64_t align = std::holds_alternative<fp8::BlockScaling>(q.recipe) ? 128 : 16;
-  const auto up = [align](std::int64_t n) { return (n + align - 1) / align * align; };
   s.M = x.dim(0);
   s.K = x.dim(1);
   s.N = kernel.dim(1);
-  s.padded_K = up(s.K);
-  s.padded_N = up(s.N);
+  s.padded_K = fp8_padded(q.recipe, s.K);
+  s.padded_N = fp8_padded(q.recipe, s.N);
   const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;
   s.fp8.emplace("fp8_dense", q, device);  // (delayed scaling: ends the state's previous step first)
   s.kernel = quantized_weight(*s.fp8, fp8::Role::kernel1, kernel, Shape{s.K, s.N}, Shape{K, N});

@@ -45,7 +45,7 @@ float* DeviceFp8::slot(fp8::Role role, int field) const {
 }
 
 Fp8Codes DeviceFp8::codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, bool codes,
-                                 bool transposed) const {
+                              bool transposed) const {
   Fp8Codes out;
   out.format = dtype_of(fp8::format_of(formats_of(q_.recipe), role));
   out.rows = rows;
@@ -78,7 +78,7 @@ void DeviceFp8::record_later(fp8::Role role) const {
 }
 
 DeviceFp8::Target DeviceFp8::target(fp8::Role role, std::int64_t rows, std::int64_t cols, bool first,
-                                           bool codes, bool transposed) const {
+                                        bool codes, bool transposed) const {
   check(scales_ahead() || (!first && !tiled()), op_, fp8::describe(q_.recipe), " has no scale for ",
         fp8::role_name(role), " before its tensor exists");
   const bool record = first && q_.state;
@@ -88,7 +88,7 @@ DeviceFp8::Target DeviceFp8::target(fp8::Role role, std::int64_t rows, std::int6
 }
 
 Fp8Codes DeviceFp8::quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
-                                bool codes, bool transposed, bool first) const {
+                             bool codes, bool transposed, bool first) const {
   const Fp8Codes out = codes_for(role, rows, cols, codes, transposed);
   if (tiled()) {
     cuda::fp8_block_quantize({.dtype = dtype,
@@ -129,8 +129,8 @@ Fp8Codes DeviceFp8::quantize(fp8::Role role, DType dtype, const void* x, std::in
 }
 
 void DeviceFp8::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
-                           std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
-                           const void* bias, double beta, bool forward) const {
+                        std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
+                        const void* bias, double beta, bool forward) const {
   struct Operand {
     const void* data;
     std::int64_t ld;

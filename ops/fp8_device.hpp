@@ -96,6 +96,13 @@ class DeviceFp8 {
   mutable std::shared_ptr<Tensor<float>> host_scalars_;
 };
 
+// n rounded up to the size FP8 products need of an operand's rows and inner dimension: 16 codes (16-byte rows),
+// with block scaling whole tiles of 128.
+inline std::int64_t fp8_padded(const fp8::Recipe& recipe, std::int64_t n) {
+  const std::int64_t v = std::holds_alternative<fp8::BlockScaling>(recipe) ? 128 : 16;
+  return (n + v - 1) / v * v;
+}
+
 // A weight [shape] (in P) padded to `padded` and quantized in both layouts, from P itself where the kernels read it
 // (as the CPU quantizes it), f64 by way of f32 (which is what the CPU's quantization reads of it); with a weight
 // cache, the copy it holds of w.

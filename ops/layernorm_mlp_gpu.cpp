@@ -19,7 +19,6 @@
 
 #include <optional>
 #include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "tapegrad/cuda/blaslt.hpp"
@@ -59,10 +58,8 @@ template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defin
 // fp8 codes, with block scaling to whole tiles of 128: its products read whole tiles along their inner dimension,
 // and a gated block's n parts of F each start a tile (ops/fp8_operands.hpp).
 template <class T> MlpDims padded_dims(const MlpDims& d, const std::optional<Fp8Quantization>& fp8) {
-  const std::int64_t v = !fp8                                                      ? 16 / sizeof(T)
-                         : std::holds_alternative<fp8::BlockScaling>(fp8->recipe) ? 128
-                                                                                  : 16;
-  const auto up = [v](std::int64_t n) { return (n + v - 1) / v * v; };
+  constexpr std::int64_t v = 16 / sizeof(T);
+  const auto up = [&](std::int64_t n) { return fp8 ? fp8_padded(fp8->recipe, n) : (n + v - 1) / v * v; };
   return {d.rows, up(d.hidden), up(d.ffn), d.width};
 }
 
