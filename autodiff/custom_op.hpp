@@ -61,7 +61,7 @@ template <class T> struct tensor_element<Tensor<T>> { using type = T; };
 template <class Tuple> struct element_types;
 template <class... Rs> struct element_types<std::tuple<Tensor<Rs>...>> { using type = std::tuple<Rs...>; };
 
-inline std::vector<bool> needs_grad_of(const std::vector<std::shared_ptr<VarSlot>>& inputs) {
+inline std::vector<bool> needs_grad_of(const Node::Inputs& inputs) {
   std::vector<bool> needs(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i]->requires_grad;
   return needs;
@@ -201,6 +201,7 @@ auto custom_op(std::string name, Forward&& forward, Backward&& backward, const V
     }, vars);
     auto node = std::make_unique<detail::CustomNode<Saved, std::decay_t<Backward>, Elements, Ts...>>(
         std::move(name), std::move(saved), std::forward<Backward>(backward), places);
+    node->inputs.reserve(sizeof...(Ts));
     (node->inputs.push_back(inputs.slot()), ...);
     std::apply([&](const auto&... v) { (node->outputs.push_back(v.slot()), ...); }, vars);
     Tape::active().record(std::move(node));
@@ -229,6 +230,7 @@ Var<T> custom_op(std::string name, Forward&& forward, Backward&& backward, const
   if (record) {
     auto node = std::make_unique<detail::ListNode<Saved, std::decay_t<Backward>, T>>(
         std::move(name), std::move(saved), std::forward<Backward>(backward), detail::OutputPlace{y.shape(), y.device()});
+    node->inputs.reserve(inputs.size());
     for (const Var<T>& x : inputs) node->inputs.push_back(x.slot());
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));

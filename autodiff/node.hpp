@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tapegrad/tensor/small_blocks.hpp"
 #include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad {
@@ -45,23 +46,36 @@ class VarSlot {
 // gradients into `inputs`.
 class Node {
  public:
-  explicit Node(std::string name) : name_(std::move(name)) {}
+  explicit Node(std::string name) : owned_name_(std::move(name)), name_(&owned_name_) {}
+  // A name that outlives the node, such as a per-type constant: referred to, not copied.
+  struct StaticName {
+    const std::string& text;
+  };
+  explicit Node(StaticName name) : name_(&name.text) {}
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  const std::string& name() const { return name_; }
+  // Nodes, and their lists below, come from the thread's small-block cache (tensor/small_blocks.hpp): every op that
+  // records makes one, and a backward pass frees them by the thousand.
+  static void* operator new(std::size_t bytes) { return detail::block_allocate(bytes); }
+  static void operator delete(void* node, std::size_t bytes) noexcept { detail::block_free(node, bytes); }
+
+  const std::string& name() const { return *name_; }
   virtual void backward() = 0;
   // Frees what forward saved; after this, backward may not run again.
   virtual void release_saved() = 0;
 
-  std::vector<std::shared_ptr<VarSlot>> inputs;
-  std::vector<std::weak_ptr<VarSlot>> outputs;  // weak: a dropped output simply receives no gradient
+  using Inputs = std::vector<std::shared_ptr<VarSlot>, detail::BlockAllocator<std::shared_ptr<VarSlot>>>;
+  using Outputs = std::vector<std::weak_ptr<VarSlot>, detail::BlockAllocator<std::weak_ptr<VarSlot>>>;
+  Inputs inputs;
+  Outputs outputs;  // weak: a dropped output simply receives no gradient
   bool released = false;
   std::size_t tape_index = 0;
 
  private:
-  std::string name_;
+  std::string owned_name_;
+  const std::string* name_;
 };
 
 }  // namespace tapegrad

@@ -23,8 +23,9 @@ struct TapeEpoch {
 }  // namespace detail
 
 namespace {
-thread_local Tape* active_tape = nullptr;
-thread_local bool grad_mode = true;
+// Read by every op: initial-exec, one load instead of the dynamic linker's lookup per access (tensor/small_blocks.cpp).
+[[gnu::tls_model("initial-exec")]] thread_local Tape* active_tape = nullptr;
+[[gnu::tls_model("initial-exec")]] thread_local bool grad_mode = true;
 
 std::shared_ptr<const detail::TapeEpoch> new_epoch(const std::shared_ptr<detail::TapeOwner>& owner) {
   return std::make_shared<const detail::TapeEpoch>(detail::TapeEpoch{owner});
@@ -103,11 +104,16 @@ void Tape::backward(VarSlot& root, bool retain_graph) {
 }
 
 void Tape::run_backward(std::size_t last, bool retain_graph) {
+  std::vector<std::shared_ptr<VarSlot>> outputs;  // the node's live outputs, each locked once
   for (std::size_t i = last + 1; i-- > 0;) {
     Node& node = *nodes_[i];
+    outputs.clear();
     bool has_gradient = false;
     for (auto& out : node.outputs) {
-      if (auto slot = out.lock(); slot && slot->has_pending()) has_gradient = true;
+      if (auto slot = out.lock()) {
+        has_gradient = has_gradient || slot->has_pending();
+        outputs.push_back(std::move(slot));
+      }
     }
     if (!has_gradient) continue;
     if (node.released) {
@@ -116,11 +122,9 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
                           "retain_graph = true to the first backward to keep them");
     }
     run_op(node.name(), [&] { node.backward(); });
-    for (auto& out : node.outputs) {
-      if (auto slot = out.lock()) {
-        if (slot->retains_grad) slot->keep_pending();
-        slot->drop_pending();
-      }
+    for (auto& slot : outputs) {
+      if (slot->retains_grad) slot->keep_pending();
+      slot->drop_pending();
     }
     if (!retain_graph) {
       node.release_saved();

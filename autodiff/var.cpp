@@ -29,9 +29,8 @@ std::mutex& leaf_lock(const void* leaf) {
 }
 }  // namespace
 
-template <class T> void VarImpl<T>::add_into(Tensor<T>& sum, const Tensor<T>& g) {
-  sum = sum.defined() ? sum_of(sum, g) : g;
-}
+
+template <class T> void VarImpl<T>::keep_pending() { add_to(grad, pending); }
 
 template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, std::string_view who, std::ptrdiff_t input) {
   const auto node = [&] { return input < 0 ? std::string(who) : detail::concat(who, " (input ", input, ")"); };
@@ -44,11 +43,11 @@ template <class T> void VarImpl<T>::accumulate(const Tensor<T>& g, std::string_v
                         value.device().str());
   }
   if (!is_leaf()) {
-    add_into(pending, g);  // a non-leaf belongs to one tape, which one thread at a time runs backward on
+    add_to(pending, g);  // a non-leaf belongs to one tape, which one thread at a time runs backward on
     return;
   }
   const std::lock_guard lock(leaf_lock(this));
-  add_into(grad, g);
+  add_to(grad, g);
 }
 
 template <class T> void backward(const Var<T>& y, const Tensor<T>& dy, BackwardOptions options) {

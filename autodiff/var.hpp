@@ -29,7 +29,7 @@ template <class T> class VarImpl final : public VarSlot {
   DType dtype() const override { return dtype_v<T>; }
   bool has_pending() const override { return pending.defined(); }
   void drop_pending() override { pending = Tensor<T>(); }
-  void keep_pending() override { add_into(grad, pending); }
+  void keep_pending() override;
 
   // Adds `g` into the gradient flowing into this variable (the `.grad` of a leaf). `who` names the node that
   // produced it (and `input`, where not negative, which of its inputs this is), for the error when the shape or
@@ -39,10 +39,6 @@ template <class T> class VarImpl final : public VarSlot {
   Tensor<T> value;
   Tensor<T> grad;     // what the user reads: accumulated over backward passes for leaves and retained variables
   Tensor<T> pending;  // gradient of the pass in progress, for non-leaves
-
- private:
-  // Never writes into an existing tensor: gradients may share storage with other gradients or saved tensors.
-  static void add_into(Tensor<T>& sum, const Tensor<T>& g);
 };
 
 template <class T> class Var {
@@ -50,7 +46,8 @@ template <class T> class Var {
   Var() = default;  // undefined; `defined()` is false
   // Throws when `value` is undefined: a defined Var always holds a tensor.
   explicit Var(Tensor<T> value, bool requires_grad = false)
-      : impl_(std::make_shared<VarImpl<T>>((check_defined(value, "Var", "the value"), std::move(value)))) {
+      : impl_(std::allocate_shared<VarImpl<T>>(detail::BlockAllocator<VarImpl<T>>(),
+                                               (check_defined(value, "Var", "the value"), std::move(value)))) {
     impl_->requires_grad = requires_grad;
   }
   // Evaluates (and records) a lazy expression that yields a Var<T>, such as `a * b + exp(c)`.

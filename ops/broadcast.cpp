@@ -2,6 +2,8 @@
 // strides on the broadcast axes; the reduction kernels over them).
 #include "tapegrad/ops/broadcast.hpp"
 
+#include <algorithm>
+
 #include "tapegrad/cuda/reduce.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/tensor/eigen.hpp"
@@ -9,16 +11,16 @@
 
 namespace tapegrad {
 
-BroadcastPlan plan_broadcast(const std::vector<Shape>& operands, const char* op) {
+BroadcastPlan plan_broadcast(std::span<const Shape> operands, const char* op) {
   BroadcastPlan plan;
   Shape out = operands.empty() ? Shape{} : operands[0];
-  for (std::size_t k = 1; k < operands.size(); ++k) out = broadcast_shapes(out, operands[k], op);
+  for (std::size_t k = 1; k < operands.size(); ++k) {
+    if (!(operands[k] == out)) out = broadcast_shapes(out, operands[k], op);
+  }
   plan.output = out;
+  if (std::all_of(operands.begin(), operands.end(), [&](const Shape& s) { return s == out; })) return plan;  // flat
   for (const Shape& s : operands) plan.operand_is_full.push_back(s == out);
-  bool all_full = true;
-  for (bool f : plan.operand_is_full) all_full = all_full && f;
-  if (all_full) return plan;  // flat
-  if (out.numel() == 0) {       // Eigen cannot broadcast over empty axes; expanding nothing costs nothing
+  if (out.numel() == 0) {  // Eigen cannot broadcast over empty axes; expanding nothing costs nothing
     plan.kind = BroadcastPlan::Kind::expand;
     return plan;
   }

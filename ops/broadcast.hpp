@@ -3,6 +3,8 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "tapegrad/tensor/tensor.hpp"
@@ -20,11 +22,18 @@ struct BroadcastPlan {
   std::array<Eigen::Index, rank> out_dims{};                     // broadcast: the merged output dims
   std::vector<std::array<Eigen::Index, rank>> operand_dims;      // broadcast: each operand's merged dims
   std::vector<std::array<Eigen::Index, rank>> operand_factors;   // broadcast: out_dims / operand_dims
-  std::vector<bool> operand_is_full;                             // the operand already has the output's shape
+  std::vector<bool> operand_is_full;                             // not flat: the operand has the output's shape
+
+  // Whether operand k already has the output's shape.
+  bool full(std::size_t k) const { return kind == Kind::flat || operand_is_full[k]; }
 };
 
-// Plans the broadcast of `operands` (throws naming `op` and the shapes when they do not broadcast).
-BroadcastPlan plan_broadcast(const std::vector<Shape>& operands, const char* op);
+// Plans the broadcast of `operands` (throws naming `op` and the shapes when they do not broadcast). Operands of one
+// shape (the common case) give a flat plan, made without allocating.
+BroadcastPlan plan_broadcast(std::span<const Shape> operands, const char* op);
+inline BroadcastPlan plan_broadcast(std::initializer_list<Shape> operands, const char* op) {
+  return plan_broadcast(std::span<const Shape>(operands.begin(), operands.size()), op);
+}
 
 // `t` broadcast (NumPy rules) to `shape`, materialized.
 template <class T> Tensor<T> expand_to(const Tensor<T>& t, const Shape& shape);

@@ -20,6 +20,7 @@
 #include <concepts>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -39,14 +40,14 @@ namespace expr {
 struct ExpressionTag {};
 template <class X> concept Expression = std::derived_from<std::remove_cvref_t<X>, ExpressionTag>;
 
-// Views of the leaves for one evaluation: rank 1 (every leaf has the output's shape) or rank 4 (broadcast).
+// Views of the leaves for one evaluation: rank 1 (every leaf has the output's shape, or expanded to it) or rank 4
+// (broadcast, with the plan's dims and factors).
 template <class T, int R> struct Context {
-  std::vector<const T*> data;
+  const T* const* data;  // each leaf's values, as the plan lays them out
   std::array<Eigen::Index, R> out_dims{};
-  const std::vector<std::array<Eigen::Index, R>>* dims = nullptr;     // rank 4 only
-  const std::vector<std::array<Eigen::Index, R>>* factors = nullptr;  // rank 4 only
-  const std::vector<bool>* full = nullptr;                            // which leaves have the output's shape
-  const Shape* output = nullptr;                                      // rank 1 only
+  const BroadcastPlan* plan;
+  const Tensor<T>* const* leaves;     // each leaf's own tensor
+  const bool* needs_grad = nullptr;  // backward: which leaves need a gradient
 };
 
 template <class To, class X> auto cast_to(const X& x) {
@@ -114,29 +115,32 @@ template <class T> class Leaf : public ExpressionTag {
     if constexpr (R == 1) {
       return cast_to<C>(ConstTensorView<T, 1>(ctx.data[Offset], ctx.out_dims));
     } else {
-      return cast_to<C>(ConstTensorView<T, R>(ctx.data[Offset], (*ctx.dims)[Offset]).broadcast((*ctx.factors)[Offset]));
+      return cast_to<C>(ConstTensorView<T, R>(ctx.data[Offset], ctx.plan->operand_dims[Offset])
+                            .broadcast(ctx.plan->operand_factors[Offset]));
     }
   }
 
   // Evaluates the gradient expression `g` (in compute_t<T>, of the output's shape) into this leaf's gradient.
   template <int Offset, int R, class G>
-  void backprop(const Context<T, R>& ctx, const G& g, std::vector<Tensor<T>>& grads) const {
-    Tensor<T> out(var_.shape());
+  void backprop(const Context<T, R>& ctx, const G& g, std::span<Tensor<T>> grads) const {
+    const Shape& own_shape = ctx.leaves[Offset]->shape();
+    Tensor<T> out(own_shape);
+    const BroadcastPlan& plan = *ctx.plan;
     if constexpr (R == 1) {
-      if ((*ctx.full)[Offset]) {
+      if (plan.full(Offset)) {
         auto o = view_as<1>(out, ctx.out_dims);
         run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
       } else {
         // Expand plan, broadcast leaf: the gradient at the output's size, summed down in compute_t, rounded once.
-        Tensor<compute_t<T>> wide(*ctx.output);
+        Tensor<compute_t<T>> wide(plan.output);
         auto w = view_as<1>(wide, ctx.out_dims);
         run(wide.numel(), [&](auto& d) { w.device(d) = g; });
-        out = cast<T>(sum_to(wide, var_.shape()));
+        out = cast<T>(sum_to(wide, own_shape));
       }
-    } else if ((*ctx.full)[Offset]) {
+    } else if (plan.full(Offset)) {
       auto o = view_as<R>(out, ctx.out_dims);
       run(out.numel(), [&](auto& d) { o.device(d) = cast_to<T>(g); });
-    } else if (const auto leading = leading_broadcast((*ctx.dims)[Offset], (*ctx.factors)[Offset])) {
+    } else if (const auto leading = leading_broadcast(plan.operand_dims[Offset], plan.operand_factors[Offset])) {
       // g once, in packets, then its column sums in compute_t (blocked: the same bits for every thread count).
       using C = compute_t<T>;
       Tensor<C> buffer;
@@ -149,11 +153,11 @@ template <class T> class Leaf : public ExpressionTag {
               total += Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>(rows + r * cols, cols);
             }
           });
-      out = detail::rounded_tensor<T>(sums.data(), var_.shape());
+      out = detail::rounded_tensor<T>(sums.data(), own_shape);
     } else {
       // Split each output axis into (own, broadcast) and sum the broadcast halves away.
-      const auto& own = (*ctx.dims)[Offset];
-      const auto& factor = (*ctx.factors)[Offset];
+      const auto& own = plan.operand_dims[Offset];
+      const auto& factor = plan.operand_factors[Offset];
       std::array<Eigen::Index, 2 * R> split;
       std::array<Eigen::Index, R> broadcast_axes;
       for (int i = 0; i < R; ++i) {
@@ -173,9 +177,12 @@ template <class T> class Leaf : public ExpressionTag {
   template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const { grads[Offset] = g; }
 
   bool requires_grad() const { return var_.requires_grad(); }
-  void collect(std::vector<std::shared_ptr<VarImpl<T>>>& out) const { out.push_back(var_.slot()); }
+  template <int Offset, class Ctx> static bool needs_grad(const Ctx& ctx) { return ctx.needs_grad[Offset]; }
+  template <int Offset, class Slots> void collect(Slots& out) const { out[Offset] = var_.slot(); }
+  // This expression without its variables: what a recorded node keeps (its inputs hold the variables).
+  Leaf without_leaves() const { return Leaf(Var<T>()); }
   // Two appends, not "x" + to_string(...): GCC 12 reports a false -Wrestrict on the latter once inlined.
-  void describe(std::string& s, int& next) const {
+  static void describe(std::string& s, int& next) {
     s += 'x';
     s += std::to_string(next++);
   }
@@ -194,8 +201,8 @@ template <class Op, class A> class Unary : public ExpressionTag {
     return op_.forward(a_.template eigen<Offset>(ctx));
   }
   template <int Offset, class Ctx, class G>
-  void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
-    if (!a_.requires_grad()) return;
+  void backprop(const Ctx& ctx, const G& g, std::span<Tensor<element_type>> grads) const {
+    if (!a_.template needs_grad<Offset>(ctx)) return;
     a_.template backprop<Offset>(ctx, op_.backward(a_.template eigen<Offset>(ctx), g), grads);
   }
   template <int Offset> Term term() const { return op_.forward(a_.template term<Offset>()); }
@@ -204,12 +211,14 @@ template <class Op, class A> class Unary : public ExpressionTag {
     a_.template backprop_terms<Offset>(op_.backward(a_.template term<Offset>(), g), grads);
   }
   bool requires_grad() const { return a_.requires_grad(); }
+  template <int Offset, class Ctx> bool needs_grad(const Ctx& ctx) const { return a_.template needs_grad<Offset>(ctx); }
+  Unary without_leaves() const { return Unary(op_, A(a_.without_leaves())); }
   static const char* op_name() { return Op::name(); }
-  void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const { a_.collect(out); }
-  void describe(std::string& s, int& next) const {
-    s += op_.name();
+  template <int Offset, class Slots> void collect(Slots& out) const { a_.template collect<Offset>(out); }
+  static void describe(std::string& s, int& next) {
+    s += Op::name();
     s += "(";
-    a_.describe(s, next);
+    A::describe(s, next);
     s += ")";
   }
 
@@ -231,8 +240,9 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
     return Op::forward(a_.template eigen<Offset>(ctx), b_.template eigen<Offset + A::leaves>(ctx));
   }
   template <int Offset, class Ctx, class G>
-  void backprop(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
-    if (a_.requires_grad() && b_.requires_grad()) {  // both read g: evaluate it once
+  void backprop(const Ctx& ctx, const G& g, std::span<Tensor<element_type>> grads) const {
+    // Where both sides read g, it is evaluated once.
+    if (a_.template needs_grad<Offset>(ctx) && b_.template needs_grad<Offset + A::leaves>(ctx)) {
       Tensor<compute_t<element_type>> buffer;
       backprop_both<Offset>(ctx, materialized<compute_t<element_type>>(ctx.out_dims, g, buffer), grads);
     } else {
@@ -249,27 +259,33 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
     if (b_.requires_grad()) b_.template backprop_terms<Offset + A::leaves>(Op::backward_b(x, y, g), grads);
   }
   bool requires_grad() const { return a_.requires_grad() || b_.requires_grad(); }
-  static const char* op_name() { return Op::name(); }
-  void collect(std::vector<std::shared_ptr<VarImpl<element_type>>>& out) const {
-    a_.collect(out);
-    b_.collect(out);
+  template <int Offset, class Ctx> bool needs_grad(const Ctx& ctx) const {
+    return a_.template needs_grad<Offset>(ctx) || b_.template needs_grad<Offset + A::leaves>(ctx);
   }
-  void describe(std::string& s, int& next) const {
+  Binary without_leaves() const { return Binary(A(a_.without_leaves()), B(b_.without_leaves())); }
+  static const char* op_name() { return Op::name(); }
+  template <int Offset, class Slots> void collect(Slots& out) const {
+    a_.template collect<Offset>(out);
+    b_.template collect<Offset + A::leaves>(out);
+  }
+  static void describe(std::string& s, int& next) {
     s += Op::name();
     s += "(";
-    a_.describe(s, next);
+    A::describe(s, next);
     s += ", ";
-    b_.describe(s, next);
+    B::describe(s, next);
     s += ")";
   }
 
  private:
   template <int Offset, class Ctx, class G>
-  void backprop_both(const Ctx& ctx, const G& g, std::vector<Tensor<element_type>>& grads) const {
+  void backprop_both(const Ctx& ctx, const G& g, std::span<Tensor<element_type>> grads) const {
     const auto x = a_.template eigen<Offset>(ctx);
     const auto y = b_.template eigen<Offset + A::leaves>(ctx);
-    if (a_.requires_grad()) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
-    if (b_.requires_grad()) b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+    if (a_.template needs_grad<Offset>(ctx)) a_.template backprop<Offset>(ctx, Op::backward_a(x, y, g), grads);
+    if (b_.template needs_grad<Offset + A::leaves>(ctx)) {
+      b_.template backprop<Offset + A::leaves>(ctx, Op::backward_b(x, y, g), grads);
+    }
   }
 
   A a_;
@@ -278,34 +294,41 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
 
 // ---- evaluation ----------------------------------------------------------------------------------------------
 
-template <class E> std::string describe(const E& e) {
-  std::string s;
-  int next = 0;
-  e.describe(s, next);
-  return s;
+// The expression's text, "add(x0, mul(x1, x2))": its node's name and its errors' subject. It depends on the type
+// alone, so it is made once per type.
+template <class E> const std::string& description() {
+  static const std::string text = [] {
+    std::string s;
+    int next = 0;
+    E::describe(s, next);
+    return s;
+  }();
+  return text;
 }
 
+// Each leaf's variable, in the order of the expression's x0, x1, ...
+template <class E> using Slots = std::array<std::shared_ptr<VarImpl<typename E::element_type>>, E::leaves>;
+template <class E> using LeafValues = std::array<const Tensor<typename E::element_type>*, E::leaves>;
+
 // Runs `body(ctx)` with the leaves laid out as `plan` says; in expand mode, broadcast leaves are first expanded.
-template <class T, class Body>
-void with_context(const BroadcastPlan& plan, const std::vector<const Tensor<T>*>& leaves, Body&& body) {
-  std::vector<const T*> data;
-  std::vector<Tensor<T>> expanded;  // keeps expanded copies alive during the call
-  expanded.reserve(leaves.size());
-  for (std::size_t k = 0; k < leaves.size(); ++k) {
-    if (plan.kind == BroadcastPlan::Kind::expand && !plan.operand_is_full[k]) {
-      expanded.push_back(expand_to(*leaves[k], plan.output));
-      data.push_back(expanded.back().data());
+// `needs_grad` (backward) says which leaves need a gradient.
+template <class T, std::size_t N, class Body>
+void with_context(const BroadcastPlan& plan, const std::array<const Tensor<T>*, N>& leaves, Body&& body,
+                  const bool* needs_grad = nullptr) {
+  std::array<const T*, N> data;
+  std::array<Tensor<T>, N> expanded;  // keeps expanded copies alive during the call
+  for (std::size_t k = 0; k < N; ++k) {
+    if (plan.kind == BroadcastPlan::Kind::expand && !plan.full(k)) {
+      expanded[k] = expand_to(*leaves[k], plan.output);
+      data[k] = expanded[k].data();
     } else {
-      data.push_back(leaves[k]->data());
+      data[k] = leaves[k]->data();
     }
   }
   if (plan.kind == BroadcastPlan::Kind::broadcast) {
-    Context<T, BroadcastPlan::rank> ctx{data, plan.out_dims, &plan.operand_dims, &plan.operand_factors,
-                                        &plan.operand_is_full};
-    body(ctx);
+    body(Context<T, BroadcastPlan::rank>{data.data(), plan.out_dims, &plan, leaves.data(), needs_grad});
   } else {
-    Context<T, 1> ctx{data, {plan.output.numel()}, nullptr, nullptr, &plan.operand_is_full, &plan.output};
-    body(ctx);
+    body(Context<T, 1>{data.data(), {plan.output.numel()}, &plan, leaves.data(), needs_grad});
   }
 }
 
@@ -314,19 +337,27 @@ template <class E> class ExpressionNode final : public Node {
   using C = compute_t<T>;
 
  public:
-  ExpressionNode(std::string name, E e, BroadcastPlan plan)
-      : Node(std::move(name)), expr_(std::move(e)), plan_(std::move(plan)) {}
+  // The expression is kept without its variables (the inputs hold them): a shared_ptr copy fewer per leaf.
+  ExpressionNode(const E& e, BroadcastPlan plan)
+      : Node(StaticName{description<E>()}), expr_(e.without_leaves()), plan_(std::move(plan)) {}
 
   void backward() override {
     const Tensor<T>& dy = static_cast<VarImpl<T>&>(*outputs[0].lock()).pending;
-    std::vector<const Tensor<T>*> leaves;
-    for (auto& in : inputs) leaves.push_back(&static_cast<VarImpl<T>&>(*in).value);
-    std::vector<Tensor<T>> grads(E::leaves);
-    with_context<T>(plan_, leaves, [&](const auto& ctx) {
-      constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
-      const auto g = cast_to<C>(ConstTensorView<T, R>(dy.data(), ctx.out_dims));
-      expr_->template backprop<0>(ctx, g, grads);
-    });
+    LeafValues<E> leaves;
+    std::array<bool, E::leaves> needs_grad;
+    for (std::size_t k = 0; k < leaves.size(); ++k) {
+      leaves[k] = &static_cast<VarImpl<T>&>(*inputs[k]).value;
+      needs_grad[k] = inputs[k]->requires_grad;
+    }
+    std::array<Tensor<T>, E::leaves> grads;
+    with_context<T>(
+        plan_, leaves,
+        [&](const auto& ctx) {
+          constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
+          const auto g = cast_to<C>(ConstTensorView<T, R>(dy.data(), ctx.out_dims));
+          expr_->template backprop<0>(ctx, g, std::span<Tensor<T>>(grads));
+        },
+        needs_grad.data());
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) continue;
       static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
@@ -346,8 +377,8 @@ template <class E> class GpuExpressionNode final : public Node {
   using C = compute_t<T>;
 
  public:
-  GpuExpressionNode(std::string name, E e, Shape output)
-      : Node(std::move(name)), expr_(std::move(e)), output_(std::move(output)) {}
+  GpuExpressionNode(const E& e, Shape output)
+      : Node(StaticName{description<E>()}), expr_(e), output_(std::move(output)) {}
 
   void backward() override {
     const Tensor<T>& dy = static_cast<VarImpl<T>&>(*outputs[0].lock()).pending;
@@ -394,7 +425,7 @@ template <class E> class GpuExpressionNode final : public Node {
 
 // `e` on the cpu: Eigen expressions over the broadcast leaves.
 template <class E, class T = typename E::element_type>
-Tensor<T> evaluate_on_cpu(const E& e, const std::vector<const Tensor<T>*>& leaves, const BroadcastPlan& plan) {
+Tensor<T> evaluate_on_cpu(const E& e, const LeafValues<E>& leaves, const BroadcastPlan& plan) {
   Tensor<T> out(plan.output);
   with_context<T>(plan, leaves, [&](const auto& ctx) {
     constexpr int R = std::tuple_size_v<std::remove_cvref_t<decltype(ctx.out_dims)>>;
@@ -406,54 +437,53 @@ Tensor<T> evaluate_on_cpu(const E& e, const std::vector<const Tensor<T>*>& leave
 
 // `e` on `device`, a GPU: one program.
 template <class E, class T = typename E::element_type>
-Tensor<T> evaluate_on_gpu(const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
-                          const std::vector<Shape>& shapes, const Shape& output, Device device) {
+Tensor<T> evaluate_on_gpu(const E& e, const Slots<E>& slots, const Shape& output, Device device) {
   std::vector<const void*> inputs;
-  for (const auto& slot : slots) inputs.push_back(slot->value.data());
+  std::vector<Shape> shapes;
+  for (const auto& slot : slots) {
+    inputs.push_back(slot->value.data());
+    shapes.push_back(slot->value.shape());
+  }
   Tensor<T> out(output, device);
-  run_terms(dtype_v<T>, device, {{e.template term<0>(), 0}}, output, shapes, inputs, {out.data()}, describe(e));
+  run_terms(dtype_v<T>, device, {{e.template term<0>(), 0}}, output, shapes, inputs, {out.data()}, description<E>());
   return out;
 }
 
 // The value `out` of `e` as a Var, with its node (a NodeType made from `node_args`) on the tape when a gradient is wanted.
 template <class NodeType, class E, class T = typename E::element_type, class... NodeArgs>
-Var<T> recorded(Tensor<T> out, const E& e, const std::vector<std::shared_ptr<VarImpl<T>>>& slots,
-                const NodeArgs&... node_args) {
+Var<T> recorded(Tensor<T> out, const E& e, Slots<E>& slots, const NodeArgs&... node_args) {
   const bool record = grad_enabled() && e.requires_grad();
   Var<T> y(std::move(out), record);
   if (record) {
-    auto node = std::make_unique<NodeType>(describe(e), e, node_args...);
-    node->inputs.assign(slots.begin(), slots.end());
+    auto node = std::make_unique<NodeType>(e, node_args...);
+    node->inputs.assign(std::make_move_iterator(slots.begin()), std::make_move_iterator(slots.end()));
     node->outputs.push_back(y.slot());
     Tape::active().record(std::move(node));
   }
   return y;
 }
 
-// evaluate(e); the expression is described (for its node's name and its errors) only when that is needed.
 template <class E> Var<typename E::element_type> evaluate_in_scope(const E& e) {
-  using T = typename E::element_type;
-  std::vector<std::shared_ptr<VarImpl<T>>> slots;
-  slots.reserve(E::leaves);
-  e.collect(slots);
-  std::vector<Shape> shapes;
-  std::vector<const Tensor<T>*> leaves;
+  Slots<E> slots;
+  e.template collect<0>(slots);
+  std::array<Shape, E::leaves> shapes;
+  LeafValues<E> leaves;
   for (std::size_t k = 0; k < slots.size(); ++k) {
-    if (!slots[k]) detail::throw_undefined_var(describe(e), "operand x" + std::to_string(k));
+    if (!slots[k]) detail::throw_undefined_var(description<E>(), "operand x" + std::to_string(k));
     if (const char* why = unusable_input_reason(*slots[k])) {
-      throw AutodiffError(describe(e) + ": operand x" + std::to_string(k) + " of shape " + slots[k]->shape().str() +
-                          why);
+      throw AutodiffError(description<E>() + ": operand x" + std::to_string(k) + " of shape " +
+                          slots[k]->shape().str() + why);
     }
     const Device operand_device = slots[k]->value.device();
     if (!(operand_device == slots.front()->value.device())) {
-      detail::throw_mixed_devices(describe(e), slots.front()->value.device(), k, operand_device);
+      detail::throw_mixed_devices(description<E>(), slots.front()->value.device(), k, operand_device);
     }
-    shapes.push_back(slots[k]->value.shape());
-    leaves.push_back(&slots[k]->value);
+    shapes[k] = slots[k]->value.shape();
+    leaves[k] = &slots[k]->value;
   }
   const Device device = slots.front()->value.device();  // every expression has a leaf
   if (!broadcastable(shapes)) {
-    std::string msg = describe(e) + ": operand shapes";
+    std::string msg = description<E>() + ": operand shapes";
     for (const Shape& s : shapes) {  // two appends: GCC 12 reports a false -Wrestrict on `" " + s.str()` here
       msg += ' ';
       msg += s.str();
@@ -465,8 +495,7 @@ template <class E> Var<typename E::element_type> evaluate_in_scope(const E& e) {
       E::op_name(), device,
       [&] { return recorded<ExpressionNode<E>>(evaluate_on_cpu(e, leaves, plan), e, slots, plan); },
       [&](auto gpu) {
-        return recorded<GpuExpressionNode<E>>(evaluate_on_gpu(e, slots, shapes, plan.output, gpu), e, slots,
-                                              plan.output);
+        return recorded<GpuExpressionNode<E>>(evaluate_on_gpu(e, slots, plan.output, gpu), e, slots, plan.output);
       });
 }
 

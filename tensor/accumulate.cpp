@@ -8,25 +8,28 @@
 
 namespace tapegrad {
 
-template <class T> Tensor<T> sum_of(const Tensor<T>& a, const Tensor<T>& b) {
-  check_defined(a, "accumulate", "the sum");
-  check_defined(b, "accumulate", "the addend");
-  check(a.shape() == b.shape() && a.device() == b.device(), "accumulate", "cannot add a tensor of shape ", b.shape(),
-        " on ", b.device(), " to one of shape ", a.shape(), " on ", a.device());
-  Tensor<T> total(a.shape(), a.device());
+template <class T> void add_to(Tensor<T>& total, const Tensor<T>& g) {
+  check_defined(g, "accumulate", "the addend");
+  if (!total.defined()) {
+    total = g;
+    return;
+  }
+  check(total.shape() == g.shape() && total.device() == g.device(), "accumulate", "cannot add a tensor of shape ",
+        g.shape(), " on ", g.device(), " to one of shape ", total.shape(), " on ", total.device());
+  Tensor<T> sum = total.owns_storage_alone() ? total : Tensor<T>(total.shape(), total.device());
   by_device(
-      "accumulate", a.device(),
+      "accumulate", total.device(),
       [&] {
-        auto out = flat_view(total);
-        auto x = flat_view(a);
-        auto y = flat_view(b);
-        run_on_cpu(total.numel(), [&](auto& device) { out.device(device) = x + y; });
+        auto out = flat_view(sum);
+        auto x = flat_view(std::as_const(total));
+        auto y = flat_view(g);
+        run_on_cpu(sum.numel(), [&](auto& device) { out.device(device) = x + y; });
       },
-      [&](auto gpu) { cuda::add(dtype_v<T>, a.data(), b.data(), total.data(), total.numel(), gpu.index); });
-  return total;
+      [&](auto gpu) { cuda::add(dtype_v<T>, total.data(), g.data(), sum.data(), sum.numel(), gpu.index); });
+  total = std::move(sum);
 }
 
-#define TAPEGRAD_INSTANTIATE_SUM_OF(T) template Tensor<T> sum_of<T>(const Tensor<T>&, const Tensor<T>&);
-TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_SUM_OF)
+#define TAPEGRAD_INSTANTIATE_ADD_TO(T) template void add_to<T>(Tensor<T>&, const Tensor<T>&);
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_ADD_TO)
 
 }  // namespace tapegrad

@@ -6,8 +6,10 @@
 
 namespace tapegrad {
 
-// a + b in a new tensor (bf16/f16 add in f32 and round once). Throws naming "accumulate" when the shapes or devices
+// total += g (bf16/f16 add in f32 and round once); an undefined total becomes g. The sum is written into total's
+// memory when no other tensor shares it, else into a new tensor that total then holds: a gradient may share memory
+// with saved tensors, other gradients, or a copy the user kept. Throws naming "accumulate" when the shapes or devices
 // differ.
-template <class T> Tensor<T> sum_of(const Tensor<T>& a, const Tensor<T>& b);
+template <class T> void add_to(Tensor<T>& total, const Tensor<T>& g);
 
 }  // namespace tapegrad

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/core/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
+#include "tapegrad/tensor/small_blocks.hpp"
 
 namespace tapegrad {
 
@@ -99,30 +101,39 @@ class HostCache {
  public:
   void* allocate(std::size_t bytes) {
     const std::size_t size = block_size(bytes);
+    if (size <= detail::small_block_max) {  // the thread's own cache: no lock (tensor/small_blocks.hpp)
+      void* p = detail::small_block_allocate(size);
+      if (p == nullptr) p = system_block(size, bytes);
+      count_in_use(static_cast<std::int64_t>(bytes));
+      return p;
+    }
     if (size >= min_cached_bytes) {  // (smaller blocks are never cached: no lock to look)
       std::lock_guard lock(mutex_);
       if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
-        stats_.cached_bytes -= static_cast<std::int64_t>(size);
+        cached_bytes_ -= static_cast<std::int64_t>(size);
         count_in_use(static_cast<std::int64_t>(bytes));
         return p;
       }
     }
     void* p = system_block(size, bytes);
-    std::lock_guard lock(mutex_);
     count_in_use(static_cast<std::int64_t>(bytes));
     return p;
   }
 
   void free(void* p, std::size_t bytes) noexcept {
     const std::size_t size = block_size(bytes);
-    std::lock_guard lock(mutex_);
     count_in_use(-static_cast<std::int64_t>(bytes));
-    if (size >= min_cached_bytes && static_cast<std::size_t>(stats_.cached_bytes) + size <= limit_) {
+    if (size <= detail::small_block_max) {
+      detail::small_block_free(p, size);
+      return;
+    }
+    std::lock_guard lock(mutex_);
+    if (size >= min_cached_bytes && static_cast<std::size_t>(cached_bytes_) + size <= limit_) {
       try {
         free_[size].push_back(p);
-        stats_.cached_bytes += static_cast<std::int64_t>(size);
+        cached_bytes_ += static_cast<std::int64_t>(size);
         return;
       } catch (...) {  // no memory for the list's bookkeeping: give the block back instead
       }
@@ -132,12 +143,9 @@ class HostCache {
 
   HostMemoryStats stats() {
     std::lock_guard lock(mutex_);
-    return stats_;
+    return {.in_use_bytes = in_use_.load(), .peak_in_use_bytes = peak_.load(), .cached_bytes = cached_bytes_};
   }
-  void reset_peak() {
-    std::lock_guard lock(mutex_);
-    stats_.peak_in_use_bytes = stats_.in_use_bytes;
-  }
+  void reset_peak() { peak_.store(in_use_.load()); }
   void set_limit(std::size_t bytes) {
     std::lock_guard lock(mutex_);
     limit_ = bytes;
@@ -149,9 +157,12 @@ class HostCache {
   }
 
  private:
+  // Atomic, not under the lock: small blocks are counted on every tensor a recorded node makes.
   void count_in_use(std::int64_t delta) {
-    stats_.in_use_bytes += delta;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    const std::int64_t now = in_use_.fetch_add(delta, std::memory_order_relaxed) + delta;
+    for (std::int64_t peak = peak_.load(std::memory_order_relaxed);
+         now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed);) {
+    }
   }
   // A block of `size` from the system for a request of `bytes`. When the system has too little left, the cache goes
   // back to it first if that would make room; otherwise (or still failing) OutOfMemoryError, with nothing changed.
@@ -163,7 +174,7 @@ class HostCache {
       }
       const SystemMemory left = size >= checked_size ? memory : system_memory();
       std::lock_guard lock(mutex_);
-      const auto cached = static_cast<std::size_t>(stats_.cached_bytes);
+      const auto cached = static_cast<std::size_t>(cached_bytes_);
       if (trimmed || cached == 0 || size > left.available + cached) {
         throw OutOfMemoryError(current_op("allocate"), Device::cpu(), bytes, left.available, left.total);
       }
@@ -177,10 +188,10 @@ class HostCache {
     std::sort(sizes.rbegin(), sizes.rend());
     for (std::size_t size : sizes) {
       auto& blocks = free_[size];
-      while (!blocks.empty() && static_cast<std::size_t>(stats_.cached_bytes) > keep) {
+      while (!blocks.empty() && static_cast<std::size_t>(cached_bytes_) > keep) {
         std::free(blocks.back());
         blocks.pop_back();
-        stats_.cached_bytes -= static_cast<std::int64_t>(size);
+        cached_bytes_ -= static_cast<std::int64_t>(size);
       }
     }
   }
@@ -188,7 +199,8 @@ class HostCache {
   std::mutex mutex_;
   std::size_t limit_ = std::size_t{1} << 30;
   std::unordered_map<std::size_t, std::vector<void*>> free_;
-  HostMemoryStats stats_;
+  std::int64_t cached_bytes_ = 0;  // under the lock
+  std::atomic<std::int64_t> in_use_{0}, peak_{0};
 };
 
 // Never destroyed: tensors in static objects may be released after main returns.

@@ -56,10 +56,6 @@ std::string Shape::str() const {
   return out.str();
 }
 
-bool operator==(const Shape& a, const Shape& b) {
-  return a.rank_ == b.rank_ && std::equal(a.dims_.begin(), a.dims_.begin() + a.rank_, b.dims_.begin());
-}
-
 std::ostream& operator<<(std::ostream& out, const Shape& s) {
   out << "[";
   for (int i = 0; i < s.rank(); ++i) out << (i ? ", " : "") << s[i];

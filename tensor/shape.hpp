@@ -34,7 +34,14 @@ class Shape {
   std::array<std::int64_t, max_rank> strides() const;
 
   std::string str() const;  // "[2, 3]"
-  friend bool operator==(const Shape& a, const Shape& b);
+  // Inline: compared on every elementwise op, usually at rank 1 or 2.
+  friend bool operator==(const Shape& a, const Shape& b) {
+    if (a.rank_ != b.rank_ || a.numel_ != b.numel_) return false;
+    for (int i = 0; i < a.rank_; ++i) {
+      if (a.dims_[static_cast<std::size_t>(i)] != b.dims_[static_cast<std::size_t>(i)]) return false;
+    }
+    return true;
+  }
 
  private:
   std::array<std::int64_t, max_rank> dims_{};

@@ -6,16 +6,25 @@
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 #include "tapegrad/tensor/host_memory.hpp"
+#include "tapegrad/tensor/small_blocks.hpp"
 
 namespace tapegrad {
 
+std::shared_ptr<Storage> Storage::adopt(void* data, std::size_t bytes, Device device, CUstream_st* stream) {
+  try {
+    return std::allocate_shared<Storage>(detail::BlockAllocator<Storage>(), Key{}, data, bytes, device, stream);
+  } catch (...) {
+    const Storage owner(Key{}, data, bytes, device, stream);  // frees `data` as the exception leaves
+    throw;
+  }
+}
+
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes, Device device) {
   return by_device(
-      "allocate", device,
-      [&] { return std::shared_ptr<Storage>(new Storage(detail::host_allocate(bytes), bytes, device, nullptr)); },
+      "allocate", device, [&] { return adopt(detail::host_allocate(bytes), bytes, device, nullptr); },
       [&](auto gpu) {
         const cuda::Block block = cuda::device_allocate(bytes, gpu.index);
-        return std::shared_ptr<Storage>(new Storage(block.ptr, bytes, gpu, block.stream));
+        return adopt(block.ptr, bytes, gpu, block.stream);
       });
 }
 

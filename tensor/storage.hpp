@@ -25,8 +25,15 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Storage(void* data, std::size_t bytes, Device device, CUstream_st* stream)
+  struct Key {};  // only `allocate` makes Storage (allocate_shared needs a public constructor)
+
+ public:
+  Storage(Key, void* data, std::size_t bytes, Device device, CUstream_st* stream)
       : data_(data), bytes_(bytes), device_(device), stream_(stream) {}
+
+ private:
+  // The record (with its reference counts, in one small block) owning `data`; frees `data` when it cannot be made.
+  static std::shared_ptr<Storage> adopt(void* data, std::size_t bytes, Device device, CUstream_st* stream);
   void* data_;
   std::size_t bytes_;
   Device device_;

@@ -109,6 +109,8 @@ template <class T> class Tensor {
   }
   // Whether both tensors use the same memory (views of one another).
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+  // Whether no other tensor uses this one's memory (so that writing into it changes no other tensor's value).
+  bool owns_storage_alone() const { return storage_.use_count() == 1; }
 
  private:
   // Two compares on the access path; the messages are built out of line.

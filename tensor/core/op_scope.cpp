@@ -5,7 +5,8 @@
 namespace tapegrad {
 
 namespace {
-thread_local std::string_view innermost_op;
+// Set by every op: initial-exec, one load instead of the dynamic linker's lookup per access (tensor/small_blocks.cpp).
+[[gnu::tls_model("initial-exec")]] thread_local std::string_view innermost_op;
 }  // namespace
 
 OpScope::OpScope(std::string_view op) noexcept : previous_(innermost_op) { innermost_op = op; }
