@@ -1,5 +1,5 @@
 // Activation functions as elementwise expressions: they fuse with the arithmetic around them into one node.
-// tanh and sigmoid use Eigen's kernels; the others the array formulas of ops/activation_arrays.hpp, which
+// tanh and sigmoid use Eigen's kernels (ops/packet_math.hpp); the others the array formulas of ops/activation_arrays.hpp, which
 // layernorm_mlp shares. All are vectorized.
 #pragma once
 
@@ -12,16 +12,16 @@ namespace ops {
 
 struct Tanh {
   static const char* name() { return "tanh"; }
-  template <class X> auto forward(const X& x) const { return x.tanh(); }
+  template <class X> auto forward(const X& x) const { return expr::math::tanh(x); }
   template <class X, class G> auto backward(const X& x, const G& g) const {
-    return g * (expr::scalar_of(x, 1.0) - x.tanh().square());
+    return g * (expr::scalar_of(x, 1.0) - expr::math::tanh(x).square());
   }
 };
 struct Sigmoid {
   static const char* name() { return "sigmoid"; }
-  template <class X> auto forward(const X& x) const { return x.sigmoid(); }
+  template <class X> auto forward(const X& x) const { return expr::math::sigmoid(x); }
   template <class X, class G> auto backward(const X& x, const G& g) const {
-    return g * x.sigmoid() * (expr::scalar_of(x, 1.0) - x.sigmoid());
+    return g * expr::math::sigmoid(x) * (expr::scalar_of(x, 1.0) - expr::math::sigmoid(x));
   }
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "tapegrad/ops/expression.hpp"
+#include "tapegrad/ops/packet_math.hpp"
 
 namespace tapegrad {
 
@@ -69,27 +70,27 @@ struct Neg {
 };
 struct Exp {
   static const char* name() { return "exp"; }
-  template <class X> auto forward(const X& x) const { return x.exp(); }
-  template <class X, class G> auto backward(const X& x, const G& g) const { return g * x.exp(); }
+  template <class X> auto forward(const X& x) const { return expr::math::exp(x); }
+  template <class X, class G> auto backward(const X& x, const G& g) const { return g * expr::math::exp(x); }
 };
 struct Log {
   static const char* name() { return "log"; }
-  template <class X> auto forward(const X& x) const { return x.log(); }
+  template <class X> auto forward(const X& x) const { return expr::math::log(x); }
   template <class X, class G> auto backward(const X& x, const G& g) const { return g / x; }
 };
 struct Sqrt {
   static const char* name() { return "sqrt"; }
   template <class X> auto forward(const X& x) const { return x.sqrt(); }
   template <class X, class G> auto backward(const X& x, const G& g) const {
-    return g * x.rsqrt() * expr::scalar_of(x, 0.5);
+    return g * expr::math::rsqrt(x) * expr::scalar_of(x, 0.5);
   }
 };
 struct Rsqrt {
   static const char* name() { return "rsqrt"; }
-  template <class X> auto forward(const X& x) const { return x.rsqrt(); }
+  template <class X> auto forward(const X& x) const { return expr::math::rsqrt(x); }
   // d(x^-1/2)/dx = -x^-1/2 / (2x)
   template <class X, class G> auto backward(const X& x, const G& g) const {
-    return g * x.rsqrt() / x * expr::scalar_of(x, -0.5);
+    return g * expr::math::rsqrt(x) / x * expr::scalar_of(x, -0.5);
   }
 };
 struct Square {

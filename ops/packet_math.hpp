@@ -3,12 +3,13 @@
 // against a refined rsqrt estimate), and which elements Eigen evaluates one by one (a loop's tail) depends on how it
 // blocks the loop, and so on the thread count. Here the scalar path runs the packet code as lane 0 of a packet, as
 // ArrayFunctor (ops/activation.hpp) does for the activations. Each also takes a GPU Term (ops/element_term.hpp).
+// A namespace of their own: argument-dependent lookup of exp(e) on an expression (namespace expr) must not find them.
 #pragma once
 
 #include "tapegrad/ops/element_term.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 
-namespace tapegrad::expr {
+namespace tapegrad::expr::math {
 
 // Eigen's functor F, its scalar path through F's packet code where F has one.
 template <class F> struct LaneZero {
@@ -39,7 +40,7 @@ inline Term tanh(const Term& x) { return x.tanh(); }
 inline Term sigmoid(const Term& x) { return x.sigmoid(); }
 inline Term rsqrt(const Term& x) { return x.rsqrt(); }
 
-}  // namespace tapegrad::expr
+}  // namespace tapegrad::expr::math
 
 // LaneZero vectorizes as F does.
-template <class F> struct Eigen::internal::functor_traits<tapegrad::expr::LaneZero<F>> : functor_traits<F> {};
+template <class F> struct Eigen::internal::functor_traits<tapegrad::expr::math::LaneZero<F>> : functor_traits<F> {};

@@ -4,6 +4,7 @@
 #include <memory>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "elementwise_checks.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -297,4 +298,28 @@ TEST_CASE("a bias's gradient is the column sums of its partner's, with the same 
   Tensor<double> column_sums = zeros<double>({130});
   for (std::int64_t i = 0; i < dz.numel(); ++i) column_sums.flat(i % 130) += dz.flat(i);
   check_close(db, column_sums, {1e-12, 1e-12});
+}
+
+TEST_CASE_TEMPLATE("exp, log, tanh, sigmoid, rsqrt and the activations give an element the same bits alone as in a "
+                   "vectorized loop",
+                   T, float, double) {
+  // A one-element tensor runs Eigen's scalar path, a 64-element one its packets: they must agree, or an element's
+  // bits would depend on whether it falls in a loop's tail, which depends on the thread count.
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Tensor<T> x = rand_uniform<T>({64}, seed, 0.05, 4.0);
+  const auto each = [](const Var<T>& v) {
+    return std::vector<Var<T>>{exp(v), log(v), tanh(v - 2.0), sigmoid(v - 2.0), rsqrt(v), gelu_tanh(v - 2.0),
+                               silu(v - 2.0)};
+  };
+  const NoGradGuard no_grad;
+  const std::vector<Var<T>> whole = each(constant(x));
+  for (std::int64_t k = 0; k < x.numel(); ++k) {
+    const std::vector<Var<T>> alone = each(constant(full<T>({1}, x.flat(k))));
+    for (std::size_t f = 0; f < whole.size(); ++f) {
+      CAPTURE(k);
+      CAPTURE(f);
+      CHECK(test::bitwise_equal(alone[f].value(), full<T>({1}, whole[f].value().flat(k))));
+    }
+  }
 }

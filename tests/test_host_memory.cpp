@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tapegrad/tapegrad.hpp"
 #include "tapegrad/tensor/host_memory.hpp"
@@ -20,6 +22,24 @@ TEST_CASE("tensor memory is aligned, counted while in use, and given back") {
     CHECK(host_memory_stats().peak_in_use_bytes >= before.in_use_bytes + (std::int64_t{8} << 20));
   }
   CHECK(host_memory_stats().in_use_bytes == before.in_use_bytes);
+}
+
+TEST_CASE("small tensors made on one thread and freed on another are counted and given back") {
+  // Blocks up to 1 KiB come from a per-thread cache; one freed on another thread joins that thread's cache.
+  const HostMemoryStats before = host_memory_stats();
+  std::vector<Tensor<float>> made;
+  std::thread maker([&] {
+    for (int i = 0; i < 1000; ++i) made.emplace_back(Shape{1 + i % 200});
+  });
+  maker.join();
+  std::int64_t bytes = 0;
+  for (const Tensor<float>& t : made) bytes += t.numel() * 4;
+  CHECK(host_memory_stats().in_use_bytes - before.in_use_bytes == bytes);
+  std::thread freer([&] { made.clear(); });
+  freer.join();
+  CHECK(host_memory_stats().in_use_bytes == before.in_use_bytes);
+  const Tensor<float> again(Shape{7});  // this thread's cache still serves
+  CHECK(reinterpret_cast<std::uintptr_t>(again.data()) % 64 == 0);
 }
 
 TEST_CASE("a freed large block is reused by the next tensor of its size class") {

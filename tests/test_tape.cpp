@@ -83,6 +83,19 @@ TEST_CASE("gradients accumulate across two backward calls") {
   CHECK(x.grad().item() == 7.0);
 }
 
+TEST_CASE("a gradient the user kept a copy of keeps its value when later passes add to the variable's") {
+  // Gradients are summed in place only where no other tensor shares the sum's memory.
+  const Var<double> x = scalar_param(3.0);
+  backward(eval(x * 2.0));
+  const Tensor<double> first = x.grad();
+  backward(eval(x * 5.0));
+  CHECK(first.item() == 2.0);
+  CHECK(x.grad().item() == 7.0);
+  backward(eval(x * 1.0));  // no copy kept now: summed in place, the same result
+  CHECK(x.grad().item() == 8.0);
+  CHECK(first.item() == 2.0);
+}
+
 TEST_CASE("zero_grad clears gradients") {
   Tape tape;
   TapeScope scope(tape);
