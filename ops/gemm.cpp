@@ -1,10 +1,11 @@
-// GEMM dispatch: Eigen Tensor contraction for small products; for larger f32/f64 ones the engine measured faster
-// for the shape (ops/gemm_choice.hpp), Eigen's or CBLAS.
+// GEMM dispatch: Eigen for small products; for larger f32/f64 ones the engine measured faster for the shape
+// (ops/gemm_choice.hpp), Eigen's or CBLAS.
 //
-// Eigen path: the contraction pairs op(A)'s K axis with op(B)'s, so the transposes are contraction axes, never
-// copies, and the free axes come out as [M, N] in all four cases. Eigen maps need contiguous rows, so an operand
-// with a leading dimension wider than its rows is packed first (O(MK), next to the O(MNK) product). alpha, beta
-// and a strided C are applied in one pass over a contiguous product.
+// Eigen path: up to 2^20 multiply-adds Eigen's matrix product (one thread); above, the Tensor contraction, which
+// pairs op(A)'s K axis with op(B)'s, so the transposes are contraction axes, never copies, and the free axes come
+// out as [M, N] in all four cases. Eigen's tensor maps need contiguous rows, so an operand with a leading dimension
+// wider than its rows is packed first (O(MK), next to the O(MNK) product). alpha, beta and a strided C are applied
+// in one pass over a contiguous product.
 // bf16/f16: both operands are widened to f32 (packing them), multiplied by the f32 path, and C is rounded once.
 #include "tapegrad/ops/gemm.hpp"
 
@@ -61,9 +62,41 @@ void store(const P* product, std::int64_t M, std::int64_t N, P alpha, P beta, T*
   });
 }
 
+// Up to this many multiply-adds the Eigen engine is Eigen's matrix product on one thread, on every thread count: at
+// these sizes it beats the contraction (whose setup and hand-off to the pool cost more than the pool saves), and
+// the rule depending on the size alone keeps the bits independent of the thread count.
+constexpr std::int64_t matrix_product_max_work = std::int64_t{1} << 20;
+
+template <class T> using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// C = alpha · op(A) · op(B) + beta · C through Eigen's matrix product, strides and transposes as views.
+template <class T>
+void matrix_product(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                    const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  using Const = Eigen::Map<const RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
+  const Extent ea = stored(trans_a, M, K), eb = stored(trans_b, K, N);
+  const Const a(A, ea.rows, ea.cols, Eigen::OuterStride<>(lda)), b(B, eb.rows, eb.cols, Eigen::OuterStride<>(ldb));
+  Eigen::Map<RowMajorMatrix<T>, 0, Eigen::OuterStride<>> c(C, M, N, Eigen::OuterStride<>(ldc));
+  if (beta == T(0)) {
+    c.setZero();  // C may hold anything, NaN included
+  } else if (beta != T(1)) {
+    c *= beta;
+  }
+  const auto add = [&](const auto& x, const auto& y) { c.noalias() += alpha * (x * y); };
+  const bool ta = trans_a == Transpose::yes, tb = trans_b == Transpose::yes;
+  if (ta && tb) add(a.transpose(), b.transpose());
+  else if (ta) add(a.transpose(), b);
+  else if (tb) add(a, b.transpose());
+  else add(a, b);
+}
+
 template <class T>
 void eigen_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
                 const T* A, std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if (M * N * K <= matrix_product_max_work) {
+    matrix_product(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   const Extent ea = stored(trans_a, M, K), eb = stored(trans_b, K, N);
   Tensor<T> a_packed, b_packed;  // only for strided operands
   if (lda != ea.cols) {
@@ -127,24 +160,25 @@ void float_gemm(Transpose trans_a, Transpose trans_b, std::int64_t M, std::int64
                                                            "without a CBLAS (meson option blas)");
 #ifdef TAPEGRAD_HAVE_CBLAS
   const bool fits = fits_int({M, N, K, lda, ldb, ldc});
-  const auto blas = [&](T* out, T out_beta, std::int64_t ld_out) {
+  // The first `rows` rows of the product (all of them but when measuring a large one).
+  const auto blas = [&](std::int64_t rows, T* out, T out_beta, std::int64_t ld_out) {
     check(fits, "gemm", "sizes M ", M, ", N ", N, ", K ", K, " or the leading dimensions exceed the CBLAS int range");
     sync_blas_threads();
-    blas_gemm(trans_a, trans_b, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+    blas_gemm(trans_a, trans_b, static_cast<int>(rows), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), out_beta, out, static_cast<int>(ld_out));
   };
   const std::int64_t work = M * N * K;
   if (path == GemmPath::automatic && fits && work >= blas_min_work) {
-    path = measured_path<T>(trans_a, trans_b, M, N, K, [&](GemmEngine e) {
-      Tensor<T> scratch(Shape{M, N});  // the product into scratch (C may be read by beta)
+    path = measured_path<T>(trans_a, trans_b, M, N, K, [&](GemmEngine e, std::int64_t rows) {
+      Tensor<T> scratch(Shape{rows, N});  // the product into scratch (C may be read by beta)
       const auto start = std::chrono::steady_clock::now();
-      if (e == GemmEngine::blas) blas(scratch.data(), T(0), N);
-      else eigen_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, T(0), scratch.data(), N);
+      if (e == GemmEngine::blas) blas(rows, scratch.data(), T(0), N);
+      else eigen_gemm(trans_a, trans_b, rows, N, K, alpha, A, lda, B, ldb, T(0), scratch.data(), N);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
   }
   if (path == GemmPath::blas) {
-    blas(C, beta, ldc);
+    blas(M, C, beta, ldc);
     return;
   }
 #endif
