@@ -9,7 +9,11 @@ namespace {
 
 constexpr std::size_t granule = 64;
 constexpr std::size_t classes = small_block_max / granule;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t per_thread_limit = 0;  // every block back to the system: AddressSanitizer sees each use after free
+#else
 constexpr std::size_t per_thread_limit = std::size_t{4} << 20;
+#endif
 
 std::size_t class_of(std::size_t bytes) { return (bytes - 1) / granule; }
 std::size_t class_bytes(std::size_t c) { return (c + 1) * granule; }
