@@ -21,11 +21,12 @@ ALLOWED = {
     'tensor/gpu': ['tensor/core'],
     'tensor': ['tensor/core', 'tensor/gpu'],
     'tensor/io': ['tensor', 'tensor/core', 'tensor/gpu'],
+    'tensor/dist': ['tensor', 'tensor/core', 'tensor/gpu'],
     'autodiff': ['tensor', 'tensor/core'],
     'cuda': ['tensor/core', 'tensor/gpu'],
-    'ops': ['autodiff', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu', 'cuda'],
-    'ops/nn': ['ops', 'autodiff', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu'],
-    'ops/optim': ['ops/nn', 'ops', 'autodiff', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu', 'cuda'],
+    'ops': ['autodiff', 'tensor/dist', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu', 'cuda'],
+    'ops/nn': ['ops', 'autodiff', 'tensor/dist', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu'],
+    'ops/optim': ['ops/nn', 'ops', 'autodiff', 'tensor/dist', 'tensor/io', 'tensor', 'tensor/core', 'tensor/gpu', 'cuda'],
 }
 PUBLIC = {'tapegrad.hpp', 'gpu.hpp'}      # the API: may include anything
 GENERATED = {'config.hpp', 'version.hpp'}  # made by meson.build; part of the bottom layer

@@ -38,9 +38,11 @@
 #include "tapegrad/ops/gemm.hpp"
 #include "tapegrad/ops/layernorm_mlp_check.hpp"
 #include "tapegrad/ops/layernorm_mlp_gpu.hpp"
+#include "tapegrad/ops/layernorm_mlp_sharding.hpp"
 #include "tapegrad/ops/mlp_activation.hpp"
 #include "tapegrad/ops/norm_rows.hpp"
 #include "tapegrad/ops/products.hpp"
+#include "tapegrad/tensor/accumulate.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -80,12 +82,13 @@ template <class T> Tensor<T> first_product(const MlpContext<T>& c, const Tensor<
   return product(Transpose::no, Transpose::no, M, n * F, H, h, c.w1, bias_rows(c.b1));
 }
 
-// The norm output h [M, H], recomputed bitwise when the policy did not keep it.
+// The norm output h [M, H], recomputed bitwise when the policy did not keep it (and gathered again from the ranks
+// under sequence parallelism).
 template <class T> Tensor<T> norm_output(const MlpContext<T>& c) {
   if (c.h.defined()) return c.h;
-  Tensor<T> h(Shape{c.dims.rows, c.dims.hidden});
+  Tensor<T> h(Shape{c.norm.rows, c.dims.hidden});
   c.norm.apply_rows(h.data());
-  return h;
+  return detail::MlpSharding(c.options.tensor_parallel).gathered_rows(h);
 }
 
 template <class T> auto row_of(const T* values, std::int64_t n) {
@@ -163,18 +166,20 @@ template <class T> struct MlpForward {
 
 template <class T> MlpForward<T> mlp_forward(MlpContext<T>& c) {
   const auto [M, H, F, n] = c.dims;
-  Tensor<T> h(Shape{M, H});
-  c.norm.forward(c.options.epsilon, h.data());
+  const detail::MlpSharding sharding(c.options.tensor_parallel);
+  Tensor<T> h_rows(Shape{c.norm.rows, H});  // this rank's (M rows unless sequence parallel)
+  c.norm.forward(c.options.epsilon, h_rows.data());
+  const Tensor<T> h = sharding.gathered_rows(h_rows);
   Tensor<T> z = first_product(c, h, true);
   const Tensor<T> a = activation_forward(c, z);
+  const Addend<T> b2 = sharding.adds_replicated_terms() ? bias_rows(c.b2) : Addend<T>{};
   const Tensor<T> y =
       c.fp8 ? product(Transpose::no, Transpose::no, M, H, F,
-                      c.fp8->input(fp8::Role::activation, a, M, F, detail::Inner::along_columns, true), c.w2q,
-                      bias_rows(c.b2))
-            : product(Transpose::no, Transpose::no, M, H, F, a, c.w2, bias_rows(c.b2));
+                      c.fp8->input(fp8::Role::activation, a, M, F, detail::Inner::along_columns, true), c.w2q, b2)
+            : product(Transpose::no, Transpose::no, M, H, F, a, c.w2, b2);
   if (c.options.recompute == Recompute::save_all) c.h = h;
   if (c.options.recompute != Recompute::recompute_all) c.z = z;
-  return {y, h};
+  return {sharding.summed(y), h_rows};
 }
 
 template <class T> struct MlpGrads {
@@ -186,9 +191,12 @@ template <class T> struct MlpGrads {
 
 // dy and, with return_layernorm_output, dh_out [M, H] are the gradients of y and of the returned h.
 template <class T>
-MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tensor<T>* dh_out, const MlpNeeds& need) {
+MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy_rows, const Tensor<T>* dh_out,
+                         const MlpNeeds& need) {
   using C = compute_t<T>;
   const auto [M, H, F, n] = c.dims;
+  const detail::MlpSharding sharding(c.options.tensor_parallel);
+  const Tensor<T> dy = sharding.gathered_rows(dy_rows.reshape(Shape{c.norm.rows, H}));
   MlpGrads<T> g;
   if (need.b2) g.db2 = column_sums(dy, M, H);
   const bool need_dh = need.x || need.gamma || need.beta;
@@ -227,12 +235,18 @@ MlpGrads<T> mlp_backward(const MlpContext<T>& c, const Tensor<T>& dy, const Tens
                   : weight_gradient(h, dz, M, H, n * F);
   }
   if (need_dh) {
-    const Addend<T> returned_h{.matrix = dh_out ? dh_out->data() : nullptr};  // the gradient of the returned h
-    const Tensor<T> dh = c.fp8 ? product(Transpose::no, Transpose::yes, M, H, n * F, dz_columns, c.w1q, returned_h)
-                               : product(Transpose::no, Transpose::yes, M, H, n * F, dz, c.w1, returned_h);
+    // The returned h's gradient joins dh in its product; a sharded node adds it (this rank's rows) to the ranks'
+    // summed partial products instead.
+    const Tensor<T>* returned_h = sharding.sharded() ? nullptr : dh_out;
+    const Addend<T> dh_addend{.matrix = returned_h ? returned_h->data() : nullptr};
+    Tensor<T> dh = sharding.summed(
+        c.fp8 ? product(Transpose::no, Transpose::yes, M, H, n * F, dz_columns, c.w1q, dh_addend)
+              : product(Transpose::no, Transpose::yes, M, H, n * F, dz, c.w1, dh_addend));
+    if (sharding.sharded() && dh_out) add_to(dh, dh_out->reshape(dh.shape()));
     auto norm_grads = detail::norm_backward(c.norm, dh, need.x, need.gamma, need.beta);
     g.dx = norm_grads.dx;
     g.dgamma_dbeta = std::move(norm_grads.dgamma_dbeta);
+    sharding.sum_row_sums(g.dgamma_dbeta);
   }
   return g;
 }

@@ -17,6 +17,7 @@
 
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/fp8.hpp"
+#include "tapegrad/tensor/dist/communicator.hpp"
 
 namespace tapegrad {
 
@@ -62,6 +63,22 @@ struct ClampedSwigluParams {
 // the CPU), its result rounded to T once as without quantization. On a GPU: T in f32, bf16 or f16, every recipe
 // (ops/fp8_device.hpp).
 
+// Tensor parallelism over the ranks of `comm` (TransformerEngine's layout and axes): each rank holds the columns of
+// its shard of the FFN dimension, W1 [H, n, F/p] and b1 [n, F/p], and the matching rows of W2 [F/p, H]; γ, β and b2
+// are replicated. GEMM2's partial results are summed over the ranks (b2 added once, by rank 0's).
+//   tensor parallel:    x [..., H] and y replicated (the same on every rank); y all-reduced. Backward: dh
+//                       all-reduced before the norm's backward.
+//   + sequence_parallel: x and y sharded over tokens (each rank its own rows, all ranks the same count); h
+//                       all-gathered before GEMM1, y reduce-scattered after GEMM2. Backward: dy all-gathered, dh
+//                       reduce-scattered, dγ and dβ all-reduced.
+// Gradients: the shards' own (dW1, db1, dW2); the replicated parameters' whole (dγ, dβ, db2: the same on every rank,
+// as the unsharded node's); dx replicated (tensor parallel) or this rank's rows (sequence parallel). Every rank runs
+// the node (and its backward) together, as a collective.
+struct TensorParallel {
+  dist::Communicator comm;
+  bool sequence_parallel = false;
+};
+
 struct LayerNormMLPOptions {
   NormType norm = NormType::layernorm;
   bool zero_centered_gamma = false;  // scale by 1 + γ
@@ -71,6 +88,7 @@ struct LayerNormMLPOptions {
   bool return_layernorm_output = false;  // also return h, as a second differentiable result
   Recompute recompute = Recompute::save_all;
   std::optional<Fp8Quantization> fp8{};  // none: the products multiply T values
+  std::optional<TensorParallel> tensor_parallel{};  // none: one process holds the whole block
 };
 
 // W1 [H, n, F] and W2 [F, H].

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "tapegrad/ops/layernorm_mlp_sharding.hpp"
+
 namespace tapegrad::detail {
 
 namespace {
@@ -26,6 +28,9 @@ void check_options(std::string_view op, const LayerNormMLPOptions& options) {
     check(std::isfinite(p.alpha), op, "clamped_swiglu needs a finite alpha, got ", p.alpha);
   }
   if (options.fp8) check_fp8_quantization(op, *options.fp8);
+  check(!(options.fp8 && options.tensor_parallel), op,
+        "fp8 quantization and tensor parallelism together are not supported yet (their amaxes would need reducing over "
+        "the ranks)");
 }
 }  // namespace
 
@@ -34,6 +39,10 @@ void check_fp8_on_device(std::string_view op, DType x_dtype, Device device) {
   check(x_dtype == DType::f32 || x_dtype == DType::bf16 || x_dtype == DType::f16, op,
         "fp8 on a GPU computes in f32, bf16 or f16 (cuBLASLt's FP8 products write no f64); x is ",
         dtype_name(x_dtype));
+}
+
+void check_tensor_parallel_on_device(std::string_view op, Device device) {
+  check(device.is_cpu(), op, "tensor parallelism runs on the CPU only so far; x is on ", device);
 }
 
 void throw_undefined_mlp_argument(std::string_view op, std::string_view what) {
@@ -74,7 +83,8 @@ MlpDims check_mlp_arguments(std::string_view op, const MlpShapes& shapes, DType 
     check(*shapes.b2 == hidden_vector, op, "b2 has shape ", *shapes.b2, " but x has shape ", xs, "; expected ",
           hidden_vector);
   }
-  const std::int64_t M = xs.numel() / H;
+  // Under sequence parallelism the products see every rank's rows.
+  const std::int64_t M = xs.numel() / H * MlpSharding(options.tensor_parallel).row_factor();
   const OpScope scope(op);
   tensor_bytes(Shape{M, n * F}, compute);  // z, the largest scratch, made in the compute dtype on a GPU
   return {M, H, F, n};

@@ -1,0 +1,83 @@
+// The transports behind dist::Communicator (tensor/dist/communicator.hpp). Internal.
+//
+// A Group is one communicator's ranks and the collectives on host memory (MPI: tensor/dist/mpi_group.cpp); a
+// DeviceLink the same collectives on one GPU's memory, queued on a stream (NCCL: tensor/dist/nccl_link.cpp). Both
+// run each collective as a nonblocking call polled until it completes or the group's timeout passes; after a
+// timeout the group is failed: every later call throws CommunicationError with the first failure's message.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tapegrad/tensor/core/dtype_tag.hpp"
+#include "tapegrad/tensor/dist/communicator.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
+
+namespace tapegrad::dist::detail {
+
+// What a rank called a collective with, as the ranks compare it (tensor/dist/fingerprint.cpp).
+using Fingerprint = std::array<std::int64_t, 16>;
+
+class DeviceLink {
+ public:
+  virtual ~DeviceLink() = default;
+  // As Group's below, on device memory, queued on `stream`.
+  virtual void all_reduce(const void* in, void* out, std::size_t count, DType dtype, cuda::Stream stream) = 0;
+  virtual void all_gather(const void* in, void* out, std::size_t count, DType dtype, cuda::Stream stream) = 0;
+  virtual void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, cuda::Stream stream) = 0;
+  virtual void broadcast(void* data, std::size_t count, DType dtype, int root, cuda::Stream stream) = 0;
+};
+
+class Group {
+ public:
+  Group(int rank, int size, const CommunicatorOptions& options) : rank_(rank), size_(size), options_(options) {}
+  virtual ~Group() = default;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommunicatorOptions& options() const { return options_; }
+  // The number of collectives called so far: part of each fingerprint, so that ranks that skipped one disagree.
+  std::int64_t next_call() { return calls_++; }
+
+  // Every rank's fingerprint when they are not all equal to this rank's `mine`; empty when they are.
+  virtual std::vector<Fingerprint> disagreement(const Fingerprint& mine) = 0;
+  // `count` elements per rank; `in` may equal `out` for all_reduce.
+  virtual void all_reduce(const void* in, void* out, std::size_t count, DType dtype) = 0;
+  // out holds size() blocks of `count` elements, in rank order.
+  virtual void all_gather(const void* in, void* out, std::size_t count, DType dtype) = 0;
+  // in holds size() blocks of `count` elements; out gets the sum of this rank's block.
+  virtual void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype) = 0;
+  virtual void broadcast(void* data, std::size_t count, DType dtype, int root) = 0;
+  virtual void barrier() = 0;
+  virtual std::shared_ptr<Group> split(int color, int key, const std::string& name) = 0;
+  // The link for GPU `device`, made on first use (collective: every rank asks for its own GPU in the same call).
+  virtual DeviceLink& device_link(int device) = 0;
+
+  // Throws CommunicationError "communicator '<name>' (rank r of p): <what>" and fails the group (and the process:
+  // any_group_failed); the group's later calls throw it again.
+  [[noreturn]] void fail(const std::string& what);
+  // Throws the recorded failure, if any.
+  void throw_if_failed() const;
+
+ private:
+  int rank_, size_;
+  CommunicatorOptions options_;
+  std::int64_t calls_ = 0;
+  std::string failure_;
+};
+
+// The job's communicator (MPI_COMM_WORLD duplicated); throws Error in a build without MPI or without a Session.
+std::shared_ptr<Group> world_group(const CommunicatorOptions& options);
+
+// Whether a collective failed in this process (a Session then aborts the job rather than finalize MPI).
+bool any_group_failed();
+void note_group_failed();
+
+}  // namespace tapegrad::dist::detail

@@ -1,0 +1,35 @@
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include "tapegrad/tensor/dist/group.hpp"
+
+namespace tapegrad::dist {
+
+namespace {
+// The exit code of a job ended because a collective failed (as `timeout` uses it).
+constexpr int failed_collective_exit_code = 124;
+
+bool start_mpi(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return false;
+  int provided = 0;
+  const int code = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  check(code == MPI_SUCCESS, "dist::Session", "MPI_Init_thread failed (error ", code, ")");
+  return true;
+}
+}  // namespace
+
+Session::Session(int& argc, char**& argv) : owns_mpi_(start_mpi(&argc, &argv)) {}
+Session::Session() : owns_mpi_(start_mpi(nullptr, nullptr)) {}
+
+Session::~Session() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (detail::any_group_failed()) MPI_Abort(MPI_COMM_WORLD, failed_collective_exit_code);
+  MPI_Finalize();
+}
+
+}  // namespace tapegrad::dist
