@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "dist_checks.hpp"
 #include "dist_support.hpp"
 #include "support.hpp"
 #include "tapegrad/tensor/dist/communicator.hpp"
@@ -17,78 +18,8 @@ namespace {
 
 using test::test_world;
 
-// Element i of rank `rank`'s tensor: small integers and halves, exact in T and so are their sums (and the partial
-// sums, rounded after each addition) over up to 4 ranks; fp8 (e5m2 has 2 mantissa bits) gets 0s and 1s.
-template <class T> double value_at(int rank, std::int64_t i) {
-  if constexpr (is_fp8_v<T>) return static_cast<double>((i + rank) % 2);
-  const double whole = static_cast<double>((i + rank) % 3);
-  return std::is_integral_v<T> ? whole : whole + (i % 2 ? 0.5 : 0.0);
-}
-
-template <class T> Tensor<T> rank_tensor(const Shape& shape, int rank) {
-  Tensor<T> t(shape);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.flat(i) = convert<T>(value_at<T>(rank, i));
-  return t;
-}
-
-template <class T> void check_values(const Tensor<T>& got, const std::function<double(std::int64_t)>& want) {
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    INFO("element ", i);
-    CHECK(convert<double>(got.flat(i)) == want(i));
-  }
-}
-
-#define DIST_DTYPES float, double, tapegrad::bf16, tapegrad::f16, std::int32_t, std::int64_t, tapegrad::f8e4m3, \
-                    tapegrad::f8e5m2
-
-TEST_CASE_TEMPLATE("every rank gets the sum of all_reduce", T, DIST_DTYPES) {
-  const auto world = test_world();
-  const int p = world.size();
-  auto want = [&](std::int64_t i) {
-    double sum = 0;
-    for (int r = 0; r < p; ++r) sum += value_at<T>(r, i);
-    return sum;
-  };
-  const Tensor<T> x = rank_tensor<T>(Shape{5, 3}, world.rank());
-  const Tensor<T> sum = world.all_reduce(x);
-  CHECK(sum.shape() == x.shape());
-  check_values(sum, want);
-  CHECK(!sum.shares_storage_with(x));
-  Tensor<T> in_place = x.clone();
-  world.all_reduce_in_place(in_place);
-  check_values(in_place, want);
-  check_values(world.all_reduce(rank_tensor<T>(Shape{}, world.rank())), want);  // a scalar
-}
-
-TEST_CASE_TEMPLATE("all_gather stacks the ranks' tensors along the first axis in rank order", T, DIST_DTYPES) {
-  const auto world = test_world();
-  const int p = world.size();
-  const Tensor<T> gathered = world.all_gather(rank_tensor<T>(Shape{2, 3}, world.rank()));
-  CHECK(gathered.shape() == Shape{2 * p, 3});
-  check_values(gathered, [](std::int64_t i) { return value_at<T>(static_cast<int>(i / 6), i % 6); });
-  CHECK(world.all_gather(rank_tensor<T>(Shape{}, world.rank())).shape() == Shape{p});
-}
-
-TEST_CASE_TEMPLATE("reduce_scatter leaves each rank the sum of its block of rows", T, DIST_DTYPES) {
-  const auto world = test_world();
-  const int p = world.size(), r = world.rank();
-  const Tensor<T> part = world.reduce_scatter(rank_tensor<T>(Shape{2 * p, 3}, r));
-  CHECK(part.shape() == Shape{2, 3});
-  check_values(part, [&](std::int64_t i) {
-    double sum = 0;
-    for (int q = 0; q < p; ++q) sum += value_at<T>(q, r * 6 + i);
-    return sum;
-  });
-}
-
-TEST_CASE_TEMPLATE("broadcast gives every rank the root's tensor", T, DIST_DTYPES) {
-  const auto world = test_world();
-  const int root = world.size() - 1;
-  const auto want = [&](std::int64_t i) { return value_at<T>(root, i); };
-  check_values(world.broadcast(rank_tensor<T>(Shape{4, 2}, world.rank()), root), want);
-  Tensor<T> t = rank_tensor<T>(Shape{4, 2}, world.rank());
-  world.broadcast_in_place(t, root);
-  check_values(t, want);
+TEST_CASE_TEMPLATE("every collective gives every rank the right values", T, DIST_DTYPES) {
+  test::check_collectives<T>(test_world());
 }
 
 TEST_CASE("split makes communicators of the ranks of one color, ordered by key") {

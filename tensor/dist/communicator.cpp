@@ -66,6 +66,12 @@ Communicator Communicator::world(const CommunicatorOptions& options) {
   return Communicator(detail::world_group(options));
 }
 
+std::vector<Communicator> Communicator::in_process(int size, const CommunicatorOptions& options) {
+  std::vector<Communicator> ranks;
+  for (auto& group : detail::thread_groups(size, options)) ranks.push_back(Communicator(std::move(group)));
+  return ranks;
+}
+
 Communicator Communicator::split(int color, int key, const std::string& name) const {
   return Communicator(group_->split(color, key, name));
 }

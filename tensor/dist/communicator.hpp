@@ -3,6 +3,8 @@
 // communicator made on the first CUDA collective (its id broadcast over MPI). Knows nothing of the tape: the
 // differentiable collectives are ops/dist.hpp.
 //
+// Communicator::in_process makes the ranks threads of one process instead (no MPI needed).
+//
 // Every rank of the communicator must call the same collectives in the same order with tensors of the same dtype
 // and shape (for broadcast: the root's). Before each collective the ranks compare what they were called with (one
 // small MPI all-reduce of a fingerprint: op, dtype, shape, device kind, root, call number); when they disagree,
@@ -20,6 +22,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tapegrad/tensor/tensor.hpp"
 
@@ -65,7 +68,13 @@ class Communicator {
   // All processes of the job (a duplicate of MPI_COMM_WORLD). Collective. Throws Error without a Session or MPI.
   static Communicator world(const CommunicatorOptions& options = {});
   // The ranks that pass the same `color` form a new communicator, ordered by `key` (then by rank here). Collective.
+  // (Not for in_process communicators.)
   Communicator split(int color, int key, const std::string& name) const;
+  // `size` ranks that are threads of this process, rank r's communicator at r: hand each to the thread that runs
+  // that rank (one per GPU, for instance). Needs no MPI: host tensors are summed in shared memory, CUDA ones over
+  // NCCL (its id passed in memory). A rank that does not come to a collective within the timeout fails the others'
+  // call with CommunicationError naming it.
+  static std::vector<Communicator> in_process(int size, const CommunicatorOptions& options = {});
 
   int rank() const;
   int size() const;

@@ -1,6 +1,7 @@
 // The transports behind dist::Communicator (tensor/dist/communicator.hpp). Internal.
 //
-// A Group is one communicator's ranks and the collectives on host memory (MPI: tensor/dist/mpi_group.cpp); a
+// A Group is one communicator's ranks and the collectives on host memory (MPI: tensor/dist/mpi_group.cpp; threads
+// of one process: tensor/dist/thread_group.cpp); a
 // DeviceLink the same collectives on one GPU's memory, queued on a stream (NCCL: tensor/dist/nccl_link.cpp). Both
 // run each collective as a nonblocking call polled until it completes or the group's timeout passes; after a
 // timeout the group is failed: every later call throws CommunicationError with the first failure's message.
@@ -75,6 +76,9 @@ class Group {
 
 // The job's communicator (MPI_COMM_WORLD duplicated); throws Error in a build without MPI or without a Session.
 std::shared_ptr<Group> world_group(const CommunicatorOptions& options);
+
+// The groups of `size` ranks that are threads of this process (tensor/dist/thread_group.cpp), rank r's at r.
+std::vector<std::shared_ptr<Group>> thread_groups(int size, const CommunicatorOptions& options);
 
 // Whether a collective failed in this process (a Session then aborts the job rather than finalize MPI).
 bool any_group_failed();
