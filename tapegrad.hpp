@@ -3,6 +3,7 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/autodiff/gradcheck.hpp"
+#include "tapegrad/autodiff/gradient_hook.hpp"
 #include "tapegrad/autodiff/print.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/var.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ class VarSlot {
   Tape* tape = nullptr;                 // the tape `creator` is on; same validity
   std::weak_ptr<const detail::TapeEpoch> recording;  // the tape epoch the creator belongs to
   std::size_t output_index = 0;         // which output of `creator` this is
+  const std::function<void()>* gradient_ready = nullptr;  // a leaf's GradientHook (autodiff/gradient_hook.hpp)
 
   bool is_leaf() const { return creator == nullptr; }
   // True for a non-leaf whose tape has been cleared (or destroyed) since it was recorded.

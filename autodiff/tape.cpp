@@ -1,8 +1,11 @@
 #include "tapegrad/autodiff/tape.hpp"
 
+#include <algorithm>
 #include <mutex>
+#include <unordered_map>
 #include <thread>
 
+#include "tapegrad/autodiff/gradient_hook.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/core/op_scope.hpp"
 
@@ -103,9 +106,45 @@ void Tape::backward(VarSlot& root, bool retain_graph) {
   }
 }
 
+namespace {
+// The hooked leaves of a pass (autodiff/gradient_hook.hpp), by the earliest node that takes each: a leaf's gradient
+// is complete once the pass has gone below that node. Empty (and free) while no hook lives.
+class ReadyLeaves {
+ public:
+  ReadyLeaves(const std::vector<std::unique_ptr<Node>>& nodes, std::size_t last) {
+    if (!detail::gradient_hooks_live()) return;
+    std::unordered_map<VarSlot*, Place> earliest;
+    for (std::size_t i = last + 1; i-- > 0;) {
+      const auto& inputs = nodes[i]->inputs;
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        if (inputs[k]->gradient_ready) earliest[inputs[k].get()] = {i, k};
+      }
+    }
+    for (const auto& [leaf, place] : earliest) order_.push_back({place, leaf});
+    // The order the pass completes them in, the same in every process that records the same ops.
+    std::sort(order_.begin(), order_.end(), [](const auto& a, const auto& b) {
+      return a.first.node != b.first.node ? a.first.node > b.first.node : a.first.input < b.first.input;
+    });
+  }
+  // Calls the hooks of the leaves whose earliest node is at `index` or above (the pass is now below it).
+  void passed(std::size_t index) {
+    while (next_ < order_.size() && order_[next_].first.node >= index) (*order_[next_++].second->gradient_ready)();
+  }
+
+ private:
+  struct Place {
+    std::size_t node, input;  // the earliest node that takes the leaf, and which of its inputs it is
+  };
+  std::vector<std::pair<Place, VarSlot*>> order_;
+  std::size_t next_ = 0;
+};
+}  // namespace
+
 void Tape::run_backward(std::size_t last, bool retain_graph) {
   std::vector<std::shared_ptr<VarSlot>> outputs;  // the node's live outputs, each locked once
+  ReadyLeaves ready(nodes_, last);
   for (std::size_t i = last + 1; i-- > 0;) {
+    ready.passed(i + 1);
     Node& node = *nodes_[i];
     outputs.clear();
     bool has_gradient = false;
@@ -131,6 +170,7 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
       node.released = true;
     }
   }
+  ready.passed(0);
 }
 
 TapeUse::TapeUse(Tape& tape, std::string_view op) : owner_(tape.owner_), tape_(&claim(*owner_, op)) {}

@@ -41,10 +41,6 @@ void check_fp8_on_device(std::string_view op, DType x_dtype, Device device) {
         dtype_name(x_dtype));
 }
 
-void check_tensor_parallel_on_device(std::string_view op, Device device) {
-  check(device.is_cpu(), op, "tensor parallelism runs on the CPU only so far; x is on ", device);
-}
-
 void throw_undefined_mlp_argument(std::string_view op, std::string_view what) {
   throw Error(concat(op, ": ", what,
                      " is undefined (a default-constructed Var); x, gamma, w1 and w2 must be defined (only beta and "

@@ -33,9 +33,6 @@ MlpDims check_mlp_arguments(std::string_view op, const MlpShapes& shapes, DType 
 // What fp8 quantization takes on x's device: on a GPU, x in f32, bf16 or f16.
 void check_fp8_on_device(std::string_view op, DType x_dtype, Device device);
 
-// Tensor parallelism runs on the CPU only so far.
-void check_tensor_parallel_on_device(std::string_view op, Device device);
-
 // "<op>: <what> is undefined (...); x, gamma, w1 and w2 must be defined (only beta and the biases may be left out)"
 [[noreturn]] void throw_undefined_mlp_argument(std::string_view op, std::string_view what);
 
@@ -58,7 +55,6 @@ MlpDims check_mlp_arguments(std::string_view op, const Var<T>& x, const Var<P>& 
   };
   for (const Var<P>* v : {&gamma, &beta, &kernels.w1, &biases.b1, &kernels.w2, &biases.b2}) on_x_device(*v);
   if (options.fp8) check_fp8_on_device(op, dtype_v<T>, x.device());
-  if (options.tensor_parallel) check_tensor_parallel_on_device(op, x.device());
   const auto shape_of = [](const Var<P>& v) { return v.defined() ? &v.shape() : nullptr; };
   return check_mlp_arguments(op,
                              {x.shape(), gamma.shape(), shape_of(beta), kernels.w1.shape(), shape_of(biases.b1),

@@ -24,6 +24,9 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
 #include "tapegrad/ops/activation_table.hpp"
+#include "tapegrad/ops/layernorm_mlp_sharding.hpp"
+#include "tapegrad/tensor/accumulate.hpp"
+#include "tapegrad/tensor/gpu/side_stream.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad::detail {
@@ -101,7 +104,7 @@ template <class T> FirstProduct<T> first_product(const DeviceMlp<T>& s, const Te
 
 // h (padded) from x and the saved γ, β: bitwise the forward's, whose statistics it leaves as they are.
 template <class T> Tensor<T> norm_output(const DeviceMlp<T>& s, compute_t<T>* mean, compute_t<T>* rstd) {
-  Tensor<T> h(Shape{s.dims.rows, s.padded.hidden}, s.x.device());
+  Tensor<T> h(Shape{s.norm.rows, s.padded.hidden}, s.x.device());
   cuda::norm_forward(s.norm,
                      {.x = s.x.data(),
                       .gamma = s.gamma.data(),
@@ -221,16 +224,18 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   s.padded = padded_dims<T>(dims, options.fp8);
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = x.device();
+  const MlpSharding sharding(options.tensor_parallel);
+  const std::int64_t rows = M / sharding.row_factor();  // this rank's rows of x (M: the products')
   s.options = options;
   s.dims = dims;
   s.norm = {.dtype = dtype_v<T>,
-            .rows = M,
+            .rows = rows,
             .hidden = H,
             .ld = Hp,
             .centered = options.norm == NormType::layernorm,
             .zero_centered_gamma = options.zero_centered_gamma};
   Resizes<T> pads;
-  s.x = pads.add(x.reshape(Shape{M, H}), Shape{M, Hp});
+  s.x = pads.add(x.reshape(Shape{rows, H}), Shape{rows, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
   if (options.fp8) {
@@ -244,10 +249,11 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
   if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
   if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
   pads.run();
-  s.mean = Tensor<C>(Shape{is_layernorm(s) ? M : 0}, device);
-  s.rstd = Tensor<C>(Shape{M}, device);
+  s.mean = Tensor<C>(Shape{is_layernorm(s) ? rows : 0}, device);
+  s.rstd = Tensor<C>(Shape{rows}, device);
 
-  const Tensor<T> hp = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
+  const Tensor<T> h_rows = norm_output(s, is_layernorm(s) ? s.mean.data() : nullptr, s.rstd.data());
+  const Tensor<T> hp = sharding.gathered_rows(h_rows);
   const bool save_h = options.recompute == Recompute::save_all;
   Tensor<T> z, a, y(Shape{M, Hp}, device);
   if (s.fp8) {  // h's transposed codes made in the same pass where they are kept for dW1
@@ -282,10 +288,12 @@ DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, cons
     s.w2q.transposed.reset();
     if (options.recompute != Recompute::recompute_all) s.w1q.transposed.reset();
   } else {
-    product(a, false, s.w2, false, M, Hp, Fp, data_or_null(s.b2), 0.0, y.data());
+    product(a, false, s.w2, false, M, Hp, Fp, sharding.adds_replicated_terms() ? data_or_null(s.b2) : nullptr, 0.0,
+            y.data());
   }
   if (options.recompute != Recompute::recompute_all) s.z = z;
-  return {resized(y, Shape{M, H}), options.return_layernorm_output ? resized(hp, Shape{M, H}) : Tensor<T>()};
+  return {resized(sharding.summed(y), Shape{rows, H}),
+          options.return_layernorm_output ? resized(h_rows, Shape{rows, H}) : Tensor<T>()};
 }
 
 template <class T, class P>
@@ -295,10 +303,15 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   const auto [M, H, F, n] = s.dims;
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const Device device = dy_in.device();
-  const Tensor<T> dy = dy_in.reshape(Shape{M, H});
+  const MlpSharding sharding(s.options.tensor_parallel);
+  const std::int64_t rows = s.norm.rows;
+  const Tensor<T> dy = sharding.gathered_rows(dy_in.reshape(Shape{rows, H}));
   DeviceMlpGrads<T, P> g;
   const bool need_dh = need.x || need.gamma || need.beta;
-  if (need.b2 && !need_dh) g.db2 = column_sums<P>(dy, H, Shape{H});  // else in the norm's backward pass
+  // db2 in the norm's backward pass, which reads dy beside dh: unless the node is sharded (dh then has this rank's
+  // rows, or is summed over the ranks after dy was read).
+  const bool db2_in_norm = need_dh && !sharding.sharded();
+  if (need.b2 && !db2_in_norm) g.db2 = column_sums<P>(dy, H, Shape{H});
   const bool need_dz = need_dh || need.w1 || need.b1;
   if (!need_dz && !need.w2) return g;
 
@@ -310,7 +323,7 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   Fp8Codes hq = s.hq;
   const bool recompute_hq = s.fp8 && !hq.transposed && need.w1;
   if (!z.defined() || recompute_hq || (!s.fp8 && !h.defined())) {
-    const Tensor<T> hp = norm_output(s, nullptr, nullptr);
+    const Tensor<T> hp = sharding.gathered_rows(norm_output(s, nullptr, nullptr));
     if (!s.fp8) h = hp;
     if (recompute_hq) hq = s.fp8->quantize(fp8::Role::input, dtype_v<T>, hp.data(), M, Hp, false, true, false);
     if (!z.defined()) z = first_product(s, hp).z;
@@ -334,40 +347,64 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
     dzq = s.fp8->quantize(fp8::Role::grad_hidden, dtype_v<T>, dz.data(), M, n * Fp, need_dh, need.w1, true);
     dz = Tensor<T>();
   }
-  if (need.w1) {
-    const Shape shape{H, n, F}, padded_shape{Hp, n, Fp};
-    g.dw1 = s.fp8 ? fp8_weight_gradient<P, T>(*s.fp8, hq, dzq, shape, padded_shape, device, &crops)
-                  : weight_gradient<P>(h, dz, M, Hp, n * Fp, shape, padded_shape, &crops);
-  }
-  h = Tensor<T>();
-  s.h = Tensor<T>();
-  hq = {};
-  s.hq = {};
+  const auto weight1_gradient = [&] {
+    if (need.w1) {
+      const Shape shape{H, n, F}, padded_shape{Hp, n, Fp};
+      g.dw1 = s.fp8 ? fp8_weight_gradient<P, T>(*s.fp8, hq, dzq, shape, padded_shape, device, &crops)
+                    : weight_gradient<P>(h, dz, M, Hp, n * Fp, shape, padded_shape, &crops);
+    }
+    h = Tensor<T>();
+    s.h = Tensor<T>();
+    hq = {};
+    s.hq = {};
+  };
+  // dh, padded, into a fresh tensor: the product adds it to the returned h's gradient where there is one (a sharded
+  // node adds that to the ranks' sum instead).
+  const Tensor<T>* dh_addend = sharding.sharded() ? nullptr : dh_out;
+  const auto input_gradient = [&] {
+    Tensor<T> dh;
+    if (!dh_addend) dh = Tensor<T>(Shape{M, Hp}, device);
+    else if (Hp == H) dh = dh_addend->reshape(Shape{M, H}).clone();
+    else dh = resized(dh_addend->reshape(Shape{M, H}), Shape{M, Hp});
+    if (s.fp8) {
+      s.fp8->product(dzq, Fp8Layout::codes, s.w1q, Fp8Layout::codes, M, Hp, n * Fp, dtype_v<T>, dh.data(), nullptr,
+                     dh_addend ? 1.0 : 0.0, false);
+    } else {
+      product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_addend ? 1.0 : 0.0, dh.data());
+    }
+    return dh;
+  };
+  Tensor<T> dh;
   if (!need_dh) {
+    weight1_gradient();
     crops.run();
     return g;
   }
-
-  // dh, padded, into a fresh tensor (the product adds it to the returned h's gradient where there is one).
-  Tensor<T> dh;
-  if (!dh_out) dh = Tensor<T>(Shape{M, Hp}, device);
-  else if (Hp == H) dh = dh_out->reshape(Shape{M, H}).clone();
-  else dh = resized(dh_out->reshape(Shape{M, H}), Shape{M, Hp});
-  if (s.fp8) {
-    s.fp8->product(dzq, Fp8Layout::codes, s.w1q, Fp8Layout::codes, M, Hp, n * Fp, dtype_v<T>, dh.data(), nullptr,
-                   dh_out ? 1.0 : 0.0, false);
+  if (sharding.sharded()) {
+    // The ranks' dh summed on a side stream while dW1's product runs on this one (then this stream waits for it).
+    const Tensor<T> dh_partial = input_gradient();
+    const cuda::SideStream side(device.index);
+    side.wait_for_current();
+    {
+      const cuda::StreamGuard on_side(side.stream(), device.index);
+      dh = sharding.summed(dh_partial);
+    }
+    weight1_gradient();
+    side.current_waits();
+    if (dh_out) add_to(dh, resized(dh_out->reshape(Shape{rows, H}), Shape{rows, Hp}));
   } else {
-    product(dz, false, s.w1, true, M, Hp, n * Fp, nullptr, dh_out ? 1.0 : 0.0, dh.data());
+    weight1_gradient();
+    dh = input_gradient();
   }
   dz = Tensor<T>();
   dzq = {};
   // dx rounds to T once (padded like x, then cropped); dγ, dβ and db2 are summed in C and rounded once to P.
   Tensor<T> dx;
-  if (need.x) dx = Tensor<T>(Shape{M, Hp}, device);
+  if (need.x) dx = Tensor<T>(Shape{rows, Hp}, device);
   std::optional<ParamGrad<P, T>> dgamma, dbeta, db2;
   if (need.gamma) dgamma.emplace(Shape{H}, Shape{H}, device);
   if (need.beta) dbeta.emplace(Shape{H}, Shape{H}, device);
-  if (need.b2) db2.emplace(Shape{H}, Shape{H}, device);
+  if (need.b2 && db2_in_norm) db2.emplace(Shape{H}, Shape{H}, device);
   cuda::NormBackwardArgs args{.x = s.x.data(),
                               .gamma = s.gamma.data(),
                               .dy = dh.data(),
@@ -382,11 +419,12 @@ DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy_in
   Tensor<C> partials(Shape{cuda::norm_backward_partials(s.norm, args)}, device);
   args.partials = partials.data();
   cuda::norm_backward(s.norm, args, device.index);
-  if (need.x) g.dx = crops.add(dx, Shape{M, H});
+  if (need.x) g.dx = crops.add(dx, Shape{rows, H});
   crops.run();
-  if (dgamma) g.dgamma = dgamma->result();
-  if (dbeta) g.dbeta = dbeta->result();
+  if (dgamma) g.dgamma = sharding.row_sums_over_ranks(dgamma->result());
+  if (dbeta) g.dbeta = sharding.row_sums_over_ranks(dbeta->result());
   if (db2) g.db2 = db2->result();
+  if (sharding.sharded()) cuda::SideStream(device.index).wait_for_current();  // (dh was made on the side stream)
   return g;
 }
 

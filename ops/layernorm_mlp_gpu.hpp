@@ -71,7 +71,7 @@ template <class T> struct DeviceMlpOutput {
   Tensor<T> y, h;  // [M, H] each; h only with return_layernorm_output
 };
 
-// Fills s and returns y and h; x is [..., H] on a GPU.
+// Fills s and returns y and h; x is [..., H] on a GPU (M rows, or this rank's M / p under sequence parallelism).
 template <class T, class P>
 DeviceMlpOutput<T> device_mlp_forward(DeviceMlp<T>& s, const MlpDims& dims, const LayerNormMLPOptions& options,
                                       const Tensor<T>& x, const MlpParams<P>& params);
@@ -81,8 +81,10 @@ template <class T, class P> struct DeviceMlpGrads {
   Tensor<P> dgamma, dbeta, dw1, db1, dw2, db2;  // in the parameters' shapes; each undefined unless needed
 };
 
-// dy and, with return_layernorm_output, dh_out are [M, H] (any shape of M·H elements) on the GPU. Releases the
-// saved h and z once used (a later call recomputes them, bitwise the same), and writes dz over z's memory.
+// dy and, with return_layernorm_output, dh_out are [M, H] (any shape of M·H elements; under sequence parallelism
+// this rank's rows) on the GPU. Releases the saved h and z once used (a later call recomputes them, bitwise the
+// same), and writes dz over z's memory. Tensor parallel: dh's sum over the ranks runs on a side stream beside dW1's
+// product (ops/layernorm_mlp_sharding.hpp has the collectives).
 template <class T, class P>
 DeviceMlpGrads<T, P> device_mlp_backward(DeviceMlp<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out,
                                          const MlpNeeds& need);

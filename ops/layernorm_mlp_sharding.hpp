@@ -31,12 +31,15 @@ class MlpSharding {
     if (!parallel_) return partial;
     return sequence() ? parallel_->comm.reduce_scatter(partial) : parallel_->comm.all_reduce(partial);
   }
-  // Sequence parallel: sums over rows (dγ, dβ of this rank's rows) summed over the ranks.
+  // Sequence parallel: sums over this rank's rows (dγ, dβ) summed over the ranks.
+  template <class C> Tensor<C> row_sums_over_ranks(const Tensor<C>& sums) const {
+    return sequence() ? parallel_->comm.all_reduce(sums) : sums;
+  }
   template <class C> void sum_row_sums(std::vector<C>& sums) const {
     if (!sequence()) return;
     Tensor<C> t(Shape{static_cast<std::int64_t>(sums.size())});
     std::copy(sums.begin(), sums.end(), t.data());
-    parallel_->comm.all_reduce_in_place(t);
+    t = row_sums_over_ranks(t);
     std::copy(t.data(), t.data() + t.numel(), sums.begin());
   }
 

@@ -1,9 +1,13 @@
-// Helpers of the tests that run under mpirun (tests/dist_main.cpp).
+// Helpers of the tests of tapegrad::dist: the communicator of the tests that run under mpirun (tests/dist_main.cpp),
+// and ranks on threads of one process.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "tapegrad/tensor/dist/communicator.hpp"
 
@@ -21,6 +25,26 @@ inline std::uint64_t shared_seed(const dist::Communicator& comm) {
   comm.broadcast_in_place(seed, 0);
   MESSAGE("seed ", seed.flat(0));
   return static_cast<std::uint64_t>(seed.flat(0));
+}
+
+// Runs body(communicator of rank r) on `size` threads at once; rethrows the first rank's exception.
+template <class Body> void on_threads(int size, Body body, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto ranks = dist::Communicator::in_process(size, {.timeout = timeout, .name = "threads"});
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(ranks[static_cast<std::size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace tapegrad::test

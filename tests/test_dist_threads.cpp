@@ -2,12 +2,11 @@
 // the tensor-parallel node against the unsharded one, disagreements, and a rank that never comes.
 #include <doctest/doctest.h>
 
-#include <exception>
 #include <random>
-#include <thread>
 
 #include "dist_checks.hpp"
 #include "dist_mlp_checks.hpp"
+#include "dist_support.hpp"
 #include "support.hpp"
 
 TYPE_TO_STRING(tapegrad::f8e4m3);
@@ -18,43 +17,23 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Runs body(communicator of rank r) on `size` threads at once; rethrows the first rank's exception.
-template <class Body> void on_threads(int size, Body body, std::chrono::milliseconds timeout = 60s) {
-  const auto ranks = dist::Communicator::in_process(size, {.timeout = timeout, .name = "threads"});
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(ranks[static_cast<std::size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 TEST_CASE_TEMPLATE("threads of one process run every collective", T, DIST_DTYPES) {
   for (int size : {1, 2, 3}) {
     CAPTURE(size);
-    on_threads(size, [](const dist::Communicator& comm) { test::check_collectives<T>(comm); });
+    test::on_threads(size, [](const dist::Communicator& comm) { test::check_collectives<T>(comm); });
   }
 }
 
 TEST_CASE_TEMPLATE("the tensor-parallel node on threads equals the unsharded one", T, double, float) {
   const std::uint64_t seed = std::random_device{}();
   MESSAGE("seed ", seed);
-  on_threads(2, [&](const dist::Communicator& comm) {
+  test::on_threads(2, [&](const dist::Communicator& comm) {
     mlp_test::check_sharded_cases<T>(comm, seed, Device::cpu(), mlp_test::cpu_sharding_tolerance<T>());
   });
 }
 
 TEST_CASE("threads that call different collectives all get an error naming each rank's call") {
-  on_threads(3, [](const dist::Communicator& comm) {
+  test::on_threads(3, [](const dist::Communicator& comm) {
     std::string message;
     try {
       comm.all_reduce(Tensor<float>(Shape{comm.rank() == 2 ? 4 : 3}));
@@ -72,7 +51,7 @@ TEST_CASE("threads that call different collectives all get an error naming each 
 }
 
 TEST_CASE("a rank that never comes fails the others' collective, naming it, and the communicator stays failed") {
-  on_threads(
+  test::on_threads(
       3,
       [](const dist::Communicator& comm) {
         if (comm.rank() == 1) return;  // never comes
@@ -98,7 +77,7 @@ TEST_CASE("a rank that never comes fails the others' collective, naming it, and 
 
 TEST_CASE("in_process communicators refuse a split and a size below 1") {
   CHECK_THROWS_WITH_AS(dist::Communicator::in_process(0), doctest::Contains("size must be at least 1, got 0"), Error);
-  on_threads(1, [](const dist::Communicator& comm) {
+  test::on_threads(1, [](const dist::Communicator& comm) {
     CHECK_THROWS_WITH_AS(comm.split(0, 0, "x"), doctest::Contains("cannot be split"), Error);
   });
 }

@@ -477,3 +477,27 @@ TEST_CASE("backward passes on several threads' own tapes add into shared paramet
   for (std::int64_t i = 0; i < want.numel(); ++i) want.flat(i) = threads * passes * input.flat(i);
   check_close(w.grad(), want, {1e-12, 1e-9});
 }
+
+TEST_CASE("a gradient hook runs once backward has gone past every node that takes its leaf, in tape order") {
+  std::vector<std::string> events;
+  const auto logged = [&](const char* name, const Var<double>& x) {
+    struct None {};
+    return custom_op<None>(
+        name, [](None&, const Tensor<double>& v) { return v.clone(); },
+        [&events, name](const None&, const NeedsGrad&, const Tensor<double>& dy) {
+          events.push_back(name);
+          return dy.clone();
+        },
+        x);
+  };
+  const Var<double> a = param(randn<double>({3}, 1)), b = param(randn<double>({3}, 2)), unused = param(randn<double>({1}, 3));
+  const GradientHook on_a(a, [&] { events.push_back("a ready: " + std::to_string(a.grad().to_vector().size())); });
+  const GradientHook on_b(b, [&] { events.push_back("b ready"); });
+  const GradientHook on_unused(unused, [&] { events.push_back("unused ready"); });
+  const Var<double> first = logged("uses a", a);          // the earliest node that takes a
+  const Var<double> second = logged("uses a and b", first * b);
+  const Var<double> third = logged("uses a again", second + a);
+  backward(sum(third));
+  CHECK(events == std::vector<std::string>{"uses a again", "uses a and b", "b ready", "uses a", "a ready: 3"});
+  Tape::active().clear();
+}

@@ -6,6 +6,7 @@
 #include "tapegrad/tensor/dist/group.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
+#include "tapegrad/tensor/gpu/side_stream.hpp"
 
 namespace tapegrad::dist {
 
@@ -60,7 +61,41 @@ template <class T> void broadcast_into(detail::Group& group, Tensor<T>& t, int r
       });
 }
 
+// A GPU all_reduce on a side stream: waiting makes the current stream wait for it.
+class SideStreamRequest final : public detail::Request {
+ public:
+  explicit SideStreamRequest(int device) : device_(device) {}
+  void wait() override {
+    if (!waited_) {
+      by_device("all_reduce", Device::cuda(device_), [] {}, [](auto gpu) { cuda::SideStream(gpu.index).current_waits(); });
+    }
+    waited_ = true;
+  }
+
+ private:
+  int device_;
+  bool waited_ = false;
+};
+
 }  // namespace
+
+Pending::Pending() = default;
+Pending::Pending(std::unique_ptr<detail::Request> request) : request_(std::move(request)) {}
+Pending::Pending(Pending&&) noexcept = default;
+Pending& Pending::operator=(Pending&&) noexcept = default;
+Pending::~Pending() {
+  try {
+    wait();
+  } catch (const Error&) {  // (a destructor cannot report it; the communicator stays failed)
+  }
+}
+void Pending::wait() {
+  if (request_) request_->wait();
+  request_.reset();
+}
+void Pending::progress() {
+  if (request_) request_->progress();
+}
 
 Communicator Communicator::world(const CommunicatorOptions& options) {
   return Communicator(detail::world_group(options));
@@ -91,6 +126,19 @@ template <class T> Tensor<T> Communicator::all_reduce(const Tensor<T>& t) const 
 template <class T> void Communicator::all_reduce_in_place(Tensor<T>& t) const {
   agree_on(*group_, Collective::all_reduce, t);
   reduce_into(*group_, t, t);
+}
+
+template <class T> Pending Communicator::all_reduce_start(Tensor<T>& t) const {
+  agree_on(*group_, Collective::all_reduce, t);
+  return by_device(
+      "all_reduce", t.device(),
+      [&] { return Pending(group_->start_all_reduce(t.data(), count_of(t), dtype_v<T>)); },
+      [&](auto gpu) {
+        const cuda::SideStream side(gpu.index);
+        side.wait_for_current();
+        group_->device_link(gpu.index).all_reduce(t.data(), t.data(), count_of(t), dtype_v<T>, side.stream());
+        return Pending(std::make_unique<SideStreamRequest>(gpu.index));
+      });
 }
 
 template <class T> Tensor<T> Communicator::all_gather(const Tensor<T>& t) const {
@@ -148,6 +196,7 @@ void Communicator::barrier() const {
 #define TAPEGRAD_INSTANTIATE_COLLECTIVES(T)                                  \
   template Tensor<T> Communicator::all_reduce(const Tensor<T>&) const;      \
   template void Communicator::all_reduce_in_place(Tensor<T>&) const;        \
+  template Pending Communicator::all_reduce_start(Tensor<T>&) const;        \
   template Tensor<T> Communicator::all_gather(const Tensor<T>&) const;      \
   template Tensor<T> Communicator::reduce_scatter(const Tensor<T>&) const;  \
   template Tensor<T> Communicator::broadcast(const Tensor<T>&, int) const;  \

@@ -60,7 +60,26 @@ struct CommunicatorOptions {
 
 namespace detail {
 class Group;
-}
+class Request;
+}  // namespace detail
+
+// A collective in flight (Communicator::all_reduce_start). wait() returns once it is done: for a CPU tensor, its
+// values are then the sum; for a CUDA one, the device's current stream then waits for the sum (it runs on a side
+// stream meanwhile). Destroying a Pending that was not waited for waits (and drops any error).
+class Pending {
+ public:
+  Pending();
+  explicit Pending(std::unique_ptr<detail::Request> request);
+  Pending(Pending&&) noexcept;
+  Pending& operator=(Pending&&) noexcept;
+  ~Pending();
+  void wait();
+  // Moves an MPI collective along (MPI makes progress only inside its calls); nothing for the others.
+  void progress();
+
+ private:
+  std::unique_ptr<detail::Request> request_;
+};
 
 // A handle: copies refer to the same communicator. Not for concurrent use from several threads.
 class Communicator {
@@ -83,6 +102,9 @@ class Communicator {
   // Σ over ranks, element by element; every rank gets the sum.
   template <class T> Tensor<T> all_reduce(const Tensor<T>& t) const;
   template <class T> void all_reduce_in_place(Tensor<T>& t) const;
+  // Starts all_reduce_in_place and returns at once (after the ranks' agreement on the call); `t` must live, and not
+  // be read or written, until the Pending is waited for.
+  template <class T> [[nodiscard]] Pending all_reduce_start(Tensor<T>& t) const;
   // The ranks' tensors [d0, ...] stacked along the first axis in rank order: [size·d0, ...].
   template <class T> Tensor<T> all_gather(const Tensor<T>& t) const;
   // Σ over ranks of [size·d, ...] tensors, each rank keeping its block of d rows (rank r: rows r·d to r·d + d - 1).

@@ -34,6 +34,16 @@ class DeviceLink {
   virtual void broadcast(void* data, std::size_t count, DType dtype, int root, cuda::Stream stream) = 0;
 };
 
+// A collective in flight (Communicator::all_reduce_start).
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Returns once the collective is done (on a GPU: once the current stream waits for it); throws as the group does.
+  virtual void wait() = 0;
+  // Lets the transport move the collective along (MPI progresses nonblocking calls only inside its calls).
+  virtual void progress() {}
+};
+
 class Group {
  public:
   Group(int rank, int size, const CommunicatorOptions& options) : rank_(rank), size_(size), options_(options) {}
@@ -57,6 +67,8 @@ class Group {
   virtual void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype) = 0;
   virtual void broadcast(void* data, std::size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
+  // Starts the all_reduce of `data` in place; the request completes it. (Here: done at once; MPI overrides it.)
+  virtual std::unique_ptr<Request> start_all_reduce(void* data, std::size_t count, DType dtype);
   virtual std::shared_ptr<Group> split(int color, int key, const std::string& name) = 0;
   // The link for GPU `device`, made on first use (collective: every rank asks for its own GPU in the same call).
   virtual DeviceLink& device_link(int device) = 0;

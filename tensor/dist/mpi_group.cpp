@@ -165,6 +165,15 @@ class MpiGroup final : public Group {
     run("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
+  std::unique_ptr<Request> start_all_reduce(void* data, std::size_t count, DType dtype) override {
+    throw_if_failed();
+    auto request = std::make_unique<MpiRequest>(*this);
+    const int code = MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(dtype),
+                                    sum_op(dtype), comm_, &request->request);
+    if (code != MPI_SUCCESS) fail(std::string("all_reduce: ") + error_text(code));
+    return request;
+  }
+
   std::shared_ptr<Group> split(int color, int key, const std::string& name) override {
     throw_if_failed();
     check(color >= 0, "split", "color ", color, " must be 0 or more");
@@ -254,6 +263,25 @@ class MpiGroup final : public Group {
     }
     return out.str();
   }
+
+  // A nonblocking all_reduce of start_all_reduce, completed under the group's timeout.
+  struct MpiRequest final : Request {
+    explicit MpiRequest(MpiGroup& group) : group(group) {}
+    void wait() override {
+      if (request == MPI_REQUEST_NULL) return;
+      group.throw_if_failed();
+      if (!poll(request, group.options().timeout)) {
+        group.fail("all_reduce (started earlier): not every rank took part within " +
+                   seconds(group.options().timeout) + " (" + group.roll_call() + ")");
+      }
+    }
+    void progress() override {
+      int done = 0;
+      if (request != MPI_REQUEST_NULL) MPI_Test(&request, &done, MPI_STATUS_IGNORE);  // (errors surface in wait)
+    }
+    MpiGroup& group;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
 
   MPI_Comm comm_;
   std::map<int, std::unique_ptr<DeviceLink>> links_;
