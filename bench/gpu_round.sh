@@ -19,6 +19,7 @@
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
 # B=<dir> PREBUILT=1 runs executables built elsewhere (copied there, e.g. carried) instead of building.
+# MESON_ARGS=<options> adds options to the first configure (e.g. -Dnccl_root=<where nccl.h and libnccl are>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build-gpu}
@@ -31,7 +32,7 @@ say() { echo "== $(date +%T) $*" | tee -a "$log"; }
 
 if [ -z "${PREBUILT:-}" ]; then
   if [ ! -f $B/build.ninja ]; then
-    meson setup $B -Dcuda=enabled -Dgpu_tests=enabled >>"$log" 2>&1 || { tail -30 "$log"; exit 1; }
+    meson setup $B -Dcuda=enabled -Dgpu_tests=enabled ${MESON_ARGS:-} >>"$log" 2>&1 || { tail -30 "$log"; exit 1; }
   fi
   say build
   targets=()
