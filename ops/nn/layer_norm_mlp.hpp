@@ -34,6 +34,10 @@ struct LayerNormMLPConfig {
   // With fp8: keep the kernels' fp8 copies from forward to forward (micro-batches, ops/fp8_weight_cache.hpp) until
   // the module's parameters_changed().
   bool fp8_weight_cache = false;
+  // Tensor parallelism over the communicator's ranks (LayerNormMLPOptions::tensor_parallel): the module holds its
+  // shard of wi_kernel, wi_bias (their last axis) and wo_kernel (its first), each the block of the whole that an
+  // unsharded module of the same seed draws; intermediate_dim is the whole F, a multiple of the rank count.
+  std::optional<TensorParallel> tensor_parallel{};
 };
 
 template <class P, class C = void>
@@ -47,9 +51,9 @@ class LayerNormMLP : public Module {
     check(F > 0, type_name(), "intermediate_dim must be positive, got ", F);
     // wi_kernel is n matrices [H, F]: fan_in H, fan_out F, each gate its own copy.
     init_parameter("wi_kernel", wi_kernel_, config_.kernel_init, {hidden, n, F}, seed,
-                   {.in = {0}, .out = {2}, .batch = {1}});
-    if (config_.use_bias) init_parameter("wi_bias", wi_bias_, config_.bias_init, {n, F}, seed);
-    init_parameter("wo_kernel", wo_kernel_, config_.kernel_init, {F, hidden}, seed);
+                   {.in = {0}, .out = {2}, .batch = {1}}, shard_along(2));
+    if (config_.use_bias) init_parameter("wi_bias", wi_bias_, config_.bias_init, {n, F}, seed, {}, shard_along(1));
+    init_parameter("wo_kernel", wo_kernel_, config_.kernel_init, {F, hidden}, seed, {}, shard_along(0));
     if (config_.use_bias) init_parameter("wo_bias", wo_bias_, config_.bias_init, {hidden}, seed);
   }
 
@@ -90,10 +94,17 @@ class LayerNormMLP : public Module {
                                       .clamped_swiglu = config_.clamped_swiglu,
                                       .return_layernorm_output = return_layernorm_output,
                                       .recompute = config_.recompute,
-                                      .fp8 = fp8_};
+                                      .fp8 = fp8_,
+                                      .tensor_parallel = config_.tensor_parallel};
     auto [y, h] = layernorm_mlp(cast<compute_of<C, T>>(x), norm_.scale, norm_.ln_bias,
                                 MLPKernels<P>{wi_kernel_, wo_kernel_}, MLPBiases<P>{wi_bias_, wo_bias_}, options);
     return {y, h};
+  }
+
+  // This rank's shard of the FFN dimension along `axis`, under tensor parallelism.
+  std::optional<ParameterShard> shard_along(int axis) const {
+    if (!config_.tensor_parallel) return {};
+    return ParameterShard{axis, config_.tensor_parallel->comm.rank(), config_.tensor_parallel->comm.size()};
   }
 
   LayerNormMLPConfig config_;

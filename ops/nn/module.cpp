@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/nn/load_problems.hpp"
 
 namespace tapegrad::nn {
@@ -35,10 +36,24 @@ std::uint64_t derive_seed(std::uint64_t seed, std::string_view name) {
 
 Module::Module(std::string type_name, Device device) : type_name_(std::move(type_name)), device_(device) {}
 
+template <class P>
+Tensor<P> Module::shard_block(const Tensor<P>& whole, const ParameterShard& shard, const std::string& what) {
+  check(shard.axis >= 0 && shard.axis < whole.rank() && shard.ranks >= 1 && shard.rank >= 0 &&
+            shard.rank < shard.ranks && whole.dim(shard.axis) % shard.ranks == 0,
+        what, ": shape ", whole.shape(), " does not split along axis ", shard.axis, " into ", shard.ranks,
+        " equal shards (rank ", shard.rank, "'s asked for)");
+  const std::int64_t size = whole.dim(shard.axis) / shard.ranks;
+  const NoGradGuard no_grad;
+  return slice(constant(whole), shard.axis, shard.rank * size, (shard.rank + 1) * size).value();
+}
+#define TAPEGRAD_INSTANTIATE_SHARD_BLOCK(P) \
+  template Tensor<P> Module::shard_block(const Tensor<P>&, const ParameterShard&, const std::string&);
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_SHARD_BLOCK)
+
 ParameterList Module::own_parameters() const {
   ParameterList list;
   for (const auto& p : parameters_) {
-    std::visit([&](auto* var) { list.push_back({p.name, *var}); }, p.slot);
+    std::visit([&](auto* var) { list.push_back({p.name, *var, p.shard}); }, p.slot);
   }
   return list;
 }

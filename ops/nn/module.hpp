@@ -97,17 +97,22 @@ class Module {
   void parameters_changed();
 
   // Registers `parameter`, a member of the subclass, as own parameter `name`.
-  template <class P> void add_parameter(std::string name, Var<P>& parameter) {
+  // With `shard`, the parameter is that block of the whole (checkpoints save and reassemble it: save_sharded).
+  template <class P>
+  void add_parameter(std::string name, Var<P>& parameter, std::optional<ParameterShard> shard = {}) {
     static_assert(is_float_dtype_v<P>, "parameters are f32, f64, bf16 or f16");
     check_new_name(name, parameter.defined());
-    parameters_.push_back({std::move(name), &parameter});
+    parameters_.push_back({std::move(name), &parameter, shard});
   }
   // Makes `parameter` directly in P on device() from `init` (drawn from derive_seed(seed, name)) and registers it.
+  // With `shard`, `shape` is the whole parameter's: it is drawn whole (the same values as an unsharded module's) and
+  // the shard's block kept.
   template <class P>
   void init_parameter(std::string name, Var<P>& parameter, const Initializer& init, const Shape& shape,
-                      std::uint64_t seed, const FanAxes& axes = {}) {
-    parameter = param(init.make<P>(shape, derive_seed(seed, name), axes, device_));
-    add_parameter(std::move(name), parameter);
+                      std::uint64_t seed, const FanAxes& axes = {}, std::optional<ParameterShard> shard = {}) {
+    Tensor<P> whole = init.make<P>(shape, derive_seed(seed, name), axes, device_);
+    parameter = param(shard ? shard_block(whole, *shard, type_name_ + "." + name) : whole);
+    add_parameter(std::move(name), parameter, shard);
   }
   // Registers `child`, a member of the subclass, as child `name`.
   void add_child(std::string name, Module& child);
@@ -138,8 +143,11 @@ class Module {
   struct OwnParameter {
     std::string name;
     ParameterSlot slot;
+    std::optional<ParameterShard> shard;
   };
   void check_new_name(const std::string& name, bool defined) const;
+  // `whole`'s block of `shard` (throws naming `what` unless the axis splits into shard.ranks equal blocks).
+  template <class P> static Tensor<P> shard_block(const Tensor<P>& whole, const ParameterShard& shard, const std::string& what);
 
   std::string type_name_;
   Device device_;

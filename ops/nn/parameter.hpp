@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -13,9 +14,17 @@ namespace tapegrad::nn {
 
 using AnyVar = std::variant<Var<float>, Var<double>, Var<bf16>, Var<f16>>;
 
+// A parameter of a tensor-parallel module is rank `rank`'s block of `ranks` equal blocks of the whole along `axis`.
+struct ParameterShard {
+  int axis = 0;
+  int rank = 0;
+  int ranks = 1;
+};
+
 struct NamedParameter {
   std::string path;
   AnyVar var;
+  std::optional<ParameterShard> shard{};  // none: the whole parameter (or one replicated over the ranks)
 
   DType dtype() const {
     return std::visit([](const auto& v) { return v.dtype(); }, var);
