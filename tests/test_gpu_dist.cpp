@@ -60,18 +60,23 @@ TEST_CASE_TEMPLATE("the tensor-parallel node on GPUs equals the unsharded one", 
   }
 }
 
-TEST_CASE("a GPU collective without NCCL, or of tensors on different kinds of device, is an error on every rank") {
-  if (dist::has_nccl()) {
-    test::on_threads(1, [](const dist::Communicator& comm) {
-      // (one rank cannot disagree with itself: the mixed case needs MPI's ranks, tests/test_dist_collectives.cpp)
-      CHECK(comm.all_reduce(Tensor<float>(Shape{3}).to(Device::cuda(0))).device() == Device::cuda(0));
-    });
-  } else {
-    test::on_threads(1, [](const dist::Communicator& comm) {
-      CHECK_THROWS_WITH_AS(comm.all_reduce(Tensor<float>(Shape{3}).to(Device::cuda(0))),
-                           doctest::Contains("need NCCL, and tapegrad was built without it"), Error);
-    });
-  }
+TEST_CASE("ranks that pass tensors on different kinds of device all get an error naming each rank's") {
+  test::on_threads(2, [](const dist::Communicator& comm) {
+    const Tensor<float> t = Tensor<float>(Shape{3}).to(comm.rank() == 0 ? Device::cpu() : Device::cuda(0));
+    CHECK_THROWS_WITH_AS(comm.all_reduce(t),
+                         "all_reduce: the 2 ranks of communicator 'threads' did not call the same collective: rank 0: "
+                         "all_reduce (call 0) of f32 [3] on cpu; rank 1: all_reduce (call 0) of f32 [3] on cuda; (every "
+                         "rank must pass a defined tensor of the same dtype, shape and kind of device)",
+                         Error);
+  });
+}
+
+TEST_CASE("a GPU collective in a build without NCCL says so") {
+  if (dist::has_nccl()) return;
+  test::on_threads(1, [](const dist::Communicator& comm) {
+    CHECK_THROWS_WITH_AS(comm.all_reduce(Tensor<float>(Shape{3}).to(Device::cuda(0))),
+                         doctest::Contains("need NCCL, and tapegrad was built without it"), Error);
+  });
 }
 
 }  // namespace
