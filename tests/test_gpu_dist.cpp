@@ -1,6 +1,6 @@
-// dist::Communicator on CUDA tensors (NCCL) and layernorm_mlp's tensor parallelism on the GPU. One GPU: one rank,
-// the same code path (NCCL with one rank, the node's collectives and side stream). Several GPUs: one rank a GPU,
-// each on its own thread; skipped (with a message) when fewer than two are visible.
+// dist::Communicator on CUDA tensors (NCCL), layernorm_mlp's tensor parallelism and data parallelism on the GPU. One
+// GPU: one rank, the same code path (NCCL with one rank, the node's collectives and side stream, the buckets' side
+// stream). Several GPUs: one rank a GPU, each on its own thread; skipped (with a message) when fewer are visible.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -9,6 +9,7 @@
 #include "dist_mlp_checks.hpp"
 #include "dist_support.hpp"
 #include "support.hpp"
+#include "tapegrad/tapegrad.hpp"
 #include "tapegrad/tensor/gpu/device.hpp"
 
 TYPE_TO_STRING(tapegrad::f8e4m3);
@@ -56,6 +57,53 @@ TEST_CASE_TEMPLATE("the tensor-parallel node on GPUs equals the unsharded one", 
     CAPTURE(ranks);
     test::on_threads(ranks, [&](const dist::Communicator& comm) {
       mlp_test::check_sharded_cases<T>(comm, seed, Device::cuda(comm.rank()), gpu_sharding_tolerance<T>());
+    });
+  }
+}
+
+TEST_CASE("data-parallel training on GPUs equals one GPU on the whole batch") {
+  if (!dist::has_nccl()) return;
+  const std::uint64_t seed = std::random_device{}();
+  constexpr std::int64_t batch = 8, hidden = 16;
+  const auto model_on = [&](Device device) {
+    return nn::LayerNormMLP<float>(hidden, {.intermediate_dim = 32, .bias_init = Initializer::normal(0.1)}, seed,
+                                   device);
+  };
+  // Three Adam steps on mse_loss over rows [first, first + rows).
+  const auto train = [&](nn::LayerNormMLP<float>& model, std::int64_t first, std::int64_t rows, nn::DataParallel* ddp) {
+    const Device device = model.device();
+    const Tensor<float> x = randn<float>({batch, hidden}, seed + 1), t = randn<float>({batch, hidden}, seed + 2);
+    const Var<float> xs = constant(slice(constant(x), 0, first, first + rows).value().to(device));
+    const Var<float> ts = constant(slice(constant(t), 0, first, first + rows).value().to(device));
+    optim::Adam adam(model.parameters(), {.lr = 1e-2});
+    for (int step = 0; step < 3; ++step) {
+      backward(mse_loss(model(xs), ts));
+      if (ddp) ddp->finish_gradients();
+      adam.step();
+      adam.zero_grad();
+      Tape::active().clear();
+    }
+  };
+  for (int ranks : rank_counts()) {
+    CAPTURE(ranks);
+    test::on_threads(ranks, [&](const dist::Communicator& comm) {
+      const Device device = Device::cuda(comm.rank());
+      auto whole = model_on(device);
+      train(whole, 0, batch, nullptr);
+      auto model = model_on(device);
+      nn::DataParallel ddp(model, comm, {.bucket_bytes = 1024});
+      train(model, comm.rank() * (batch / ranks), batch / ranks, &ddp);
+      const nn::ParameterList got = model.parameters(), want = whole.parameters();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(got[i].path);
+        const Tensor<float> g = std::get<Var<float>>(got[i].var).value().to(Device::cpu());
+        const Tensor<float> w = std::get<Var<float>>(want[i].var).value().to(Device::cpu());
+        if (ranks == 1) {
+          CHECK(g.to_vector() == w.to_vector());  // one rank: the average is the gradient itself, bitwise
+        } else {
+          test::check_close(g, cast<double>(w), {1e-4, 1e-4, true});
+        }
+      }
     });
   }
 }
