@@ -1,6 +1,10 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "tapegrad/tensor/dist/group.hpp"
 
 namespace tapegrad::dist {
@@ -28,7 +32,14 @@ Session::~Session() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (detail::any_group_failed()) MPI_Abort(MPI_COMM_WORLD, failed_collective_exit_code);
+  if (detail::any_group_failed()) {
+    // Open MPI 4.1's mpirun can crash (SIGSEGV in its PMIx log handler) when several ranks call MPI_Abort at once, as
+    // every rank that saw the failure would: rank r waits r · 100 ms first, and mpirun usually ends it before then.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100) * std::min(rank, 50));
+    MPI_Abort(MPI_COMM_WORLD, failed_collective_exit_code);
+  }
   MPI_Finalize();
 }
 
