@@ -4,20 +4,17 @@
 
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/layout.hpp"
+#include "tapegrad/tensor/any_tensor.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad::nn {
-
-namespace {
-using AnyTensorOf = std::variant<Tensor<float>, Tensor<double>, Tensor<bf16>, Tensor<f16>>;
-}
 
 struct DataParallel::Bucket {
   std::vector<AnyVar> parameters;
   std::size_t bytes = 0;
   std::size_t ready = 0;  // parameters whose gradient this pass has completed
   bool started = false;
-  AnyTensorOf sums;  // the gradients, flattened and joined, summed over the ranks in place
+  AnyTensor sums;  // the gradients, flattened and joined, summed over the ranks in place
   dist::Pending pending;
 };
 
@@ -88,10 +85,10 @@ void DataParallel::finish_gradients() {
   for (auto& bucket : buckets_) {
     bucket->pending.wait();
     std::visit(
-        [&](const auto& sums) {
-          using T = typename std::decay_t<decltype(sums)>::value_type;
+        [&](const auto& first) {
+          using T = typename std::decay_t<decltype(first.value())>::value_type;
           const NoGradGuard no_grad;
-          const Var<T> average = constant(sums) * scale;
+          const Var<T> average = constant(bucket->sums.get<T>()) * scale;
           std::int64_t offset = 0;
           for (const AnyVar& parameter : bucket->parameters) {
             const Var<T>& v = std::get<Var<T>>(parameter);
@@ -99,7 +96,7 @@ void DataParallel::finish_gradients() {
             offset += v.numel();
           }
         },
-        bucket->sums);
+        bucket->parameters.front());
     bucket->sums = {};
     bucket->ready = 0;
     bucket->started = false;

@@ -23,11 +23,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void throw_mpi_error(int code, const char* call) {
+std::string error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  throw CommunicationError(std::string("MPI error: ") + call + " failed: " + std::string(text, length));
+  return std::string(text, length);
+}
+
+[[noreturn]] void throw_mpi_error(int code, const char* call) {
+  throw CommunicationError(std::string("MPI error: ") + call + " failed: " + error_text(code));
 }
 #define TAPEGRAD_MPI_CHECK(call)                                      \
   do {                                                                \
@@ -220,13 +224,6 @@ class MpiGroup final : public Group {
       fail(std::string(what) + ": not every rank took part within " + seconds(options().timeout) + " (" +
            roll_call() + ")");
     }
-  }
-
-  std::string error_text(int code) {
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(code, text, &length);
-    return std::string(text, length);
   }
 
   // After a timeout: each rank that also timed out sends the others a message (point to point, which MPI keeps
