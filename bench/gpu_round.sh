@@ -7,10 +7,10 @@
 #     exe:<test_exe>        one test executable of build-gpu/tests, alone                  -> tests.txt
 #     bandwidth             tapegrad_bench gpu_bandwidth                                   -> bandwidth.jsonl
 #     node                  tapegrad_bench gpu_layernorm_mlp                               -> ours$RUN.jsonl
-#     peers                 $PEER (../shared/gpu/peer_bench.py copied beside the tree) and
-#                           peer_jax_with_y.py over ITERS steps (default 200), then the table -> peers$RUN.jsonl
-#     fp8peers              peer_torch_fp8.py (PyTorch eager, FP8 GEMMs) and $FLOOR (../shared/gpu/
-#                           fp8_gemm_floor.py beside $PEER: the six GEMMs in fp8 and bf16)   -> fp8peers$RUN.jsonl
+#     peers                 $PEER (default bench/peer_bench.py) and peer_jax_with_y.py over
+#                           ITERS steps (default 200), then the table                       -> peers$RUN.jsonl
+#     fp8peers              peer_torch_fp8.py (PyTorch eager, FP8 GEMMs) and $FLOOR (default
+#                           bench/fp8_gemm_floor.py: the six GEMMs in fp8 and bf16)          -> fp8peers$RUN.jsonl
 #     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
@@ -24,8 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build-gpu}
 OUT=${OUT:-$B/round}
-PEER=${PEER:-.peer/peer_bench.py}
-FLOOR=${FLOOR:-$(dirname "$PEER")/fp8_gemm_floor.py}
+PEER=${PEER:-bench/peer_bench.py}
+FLOOR=${FLOOR:-bench/fp8_gemm_floor.py}
 mkdir -p "$OUT"
 log=$OUT/log.txt
 say() { echo "== $(date +%T) $*" | tee -a "$log"; }

@@ -4,11 +4,11 @@
 usage: layernorm_mlp_peers.py <tapegrad_bench gpu_layernorm_mlp JSON lines> <peer JSON lines>... [--png F]
                               [--fp8-png F] [--gemm autotuned|heuristic]
 
-Both files come from the same run on the same GPU (issue 5's rule); the peer lines are peer_bench.py's, followed by
+Both files come from the same run on the same GPU; the peer lines are bench/peer_bench.py's, followed by
 peer_jax_with_y.py's where it ran. The peers time forward + backward of the same block; the table sets tapegrad's
 forward + backward beside them, as milliseconds, as a ratio to JAX jit (to "jax_jit_y", JAX's step that also returns
-y, where present: peer_bench.py's "jax_jit" drops y and with it a GEMM), as TFLOP/s on the GEMM flops, and peak
-extra memory against PyTorch eager's. --gemm picks which of tapegrad's runs
+y, where present: an earlier peer_bench.py's "jax_jit" dropped y and with it a GEMM), as TFLOP/s on the GEMM flops,
+and peak extra memory against PyTorch eager's. --gemm picks which of tapegrad's runs
 (GEMM algorithms autotuned, the default, or cuBLASLt's heuristic choice; lines without the field count as heuristic).
 
 Where tapegrad's lines include fp8 runs ("precision" other than bf16; lines without the field are bf16), a second

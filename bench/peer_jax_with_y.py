@@ -1,24 +1,20 @@
 #!/usr/bin/env python3
 """JAX jit's forward + backward step with the block's output y among its results: system "jax_jit_y".
 
-../shared/gpu/peer_bench.py times JAX's step as `jax.vjp(f, ...)` followed by the pullback of dy, returning the
-gradients alone. Nothing then reads y, so XLA removes the forward's second GEMM (y = a · W2ᵀ + b2): its "jax_jit"
-runs five of the six GEMMs. A training step needs y (the loss is computed from it), and tapegrad, PyTorch eager and
-torch.compile all compute it. This runs peer_bench.py's own JAX step, on the same inputs and with the same timing,
-with `jax.vjp` wrapped so that the pullback also returns y: the same math, all six GEMMs.
+A JAX step built as `jax.vjp(f, ...)` followed by the pullback of dy that returns the gradients alone leaves y
+unread, and XLA then removes the forward's second GEMM (y = a · W2ᵀ + b2): five of the six GEMMs. A training step
+needs y (the loss is computed from it), and tapegrad, PyTorch eager and torch.compile all compute it. This runs
+peer_bench.py's own JAX step, on the same inputs and with the same timing, with `jax.vjp` wrapped so that the
+pullback also returns y: the same math, all six GEMMs, whichever form peer_bench.py's step has (bench/peer_bench.py's
+returns y itself, so its "jax_jit" and this "jax_jit_y" time the same work).
 
-usage: peer_jax_with_y.py <path of peer_bench.py> [config names]   (one JSON line per config, as peer_bench.py's)
+usage: peer_jax_with_y.py [path of peer_bench.py, default: the one beside this script] [config names]
+       (one JSON line per config, as peer_bench.py's)
 """
-import importlib.util
 import json
 import sys
 
-
-def load(path):
-    spec = importlib.util.spec_from_file_location("peer_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from peer_args import load_peers
 
 
 def keep_y(jax):
@@ -33,8 +29,7 @@ def keep_y(jax):
 
 def main(argv):
     import jax
-    peers = load(argv[0])
-    only = set(argv[1:])
+    peers, only = load_peers(argv)
     keep_y(jax)
     for name, M, H, Fd, kind in peers.CONFIGS:
         if only and name not in only:

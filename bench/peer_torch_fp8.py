@@ -1,30 +1,24 @@
 #!/usr/bin/env python3
 """PyTorch eager with FP8 GEMMs: the fp8 peer of the layernorm_mlp node, system "torch_fp8_eager".
 
-The block of ../shared/gpu/peer_bench.py (LayerNorm + GELU with biases, RMSNorm + SwiGLU without; bf16 everywhere
+The block of bench/peer_bench.py (LayerNorm + GELU with biases, RMSNorm + SwiGLU without; bf16 everywhere
 else), its two linear layers an autograd Function whose products are torch._scaled_mm (cuBLASLt's FP8 kernels) on
 tensors quantized with current scaling by separate PyTorch ops: scale = max / amax of each tensor, e4m3 for the
 forward's inputs and weights, e5m2 for the gradients (TransformerEngine's HYBRID format), the K-major copies that
 Hopper's FP8 products need made by .t().contiguous(). The forward's products use fast accumulation, the backward's
 not (TransformerEngine's choice). Timed, on the same inputs, as peer_bench.py times its systems.
 
-usage: peer_torch_fp8.py <path of peer_bench.py> [config names]   (one JSON line per config, as peer_bench.py's)
+usage: peer_torch_fp8.py [path of peer_bench.py, default: the one beside this script] [config names]
+       (one JSON line per config, as peer_bench.py's)
 """
-import importlib.util
 import json
 import sys
 
 import torch
-import torch.nn.functional as F
+
+from peer_args import load_peers
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-
-
-def load(path):
-    spec = importlib.util.spec_from_file_location("peer_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def quantize(t, dtype):
@@ -62,49 +56,14 @@ class Fp8Linear(torch.autograd.Function):
         return dx, dw, db
 
 
-def block(peers, kind):
-    norm, act, gated, bias = peers.parse(kind)
-
-    def f(x, gamma, beta, w1, b1, w2, b2):
-        if norm == "ln":
-            h = F.layer_norm(x, (x.shape[-1],), gamma, beta, peers.EPS)
-        else:
-            h = F.rms_norm(x, (x.shape[-1],), gamma, peers.EPS)
-        u = Fp8Linear.apply(h, w1, b1 if bias else None)
-        if gated:
-            a, g = u.chunk(2, dim=-1)
-            a = F.silu(a) if act == "swiglu" else F.gelu(a, approximate="tanh")
-            u = a * g
-        else:
-            u = F.gelu(u, approximate="tanh")
-        return Fp8Linear.apply(u, w2, b2 if bias else None)
-    return f
-
-
 def bench(peers, M, H, Fd, kind):
-    x, dy, gamma, beta, w1, b1, w2, b2 = peers.make_inputs(M, H, Fd, kind)
-    params = [gamma, beta, w1, b1, w2, b2]
-    for p in [x] + params:
-        p.requires_grad_(True)
-    f = block(peers, kind)
-
-    def step():
-        y = f(x, *params)
-        y.backward(dy)
-        for t in [x] + params:
-            t.grad = None
-
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    med, lo, hi = peers.cuda_time(step)
-    return med, lo, hi, torch.cuda.max_memory_allocated() - base
+    """peer_bench.py's eager step, timed as it times PyTorch's, with this file's fp8 block."""
+    fp8_block = lambda k: peers.torch_block(k, linear=Fp8Linear.apply)  # noqa: E731
+    return peers.bench_torch(None, M, H, Fd, kind, False, block=fp8_block)
 
 
 def main(argv):
-    peers = load(argv[0])
-    only = set(argv[1:])
+    peers, only = load_peers(argv)
     for name, M, H, Fd, kind in peers.CONFIGS:
         if only and name not in only:
             continue
