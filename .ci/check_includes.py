@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""The layering rule: every include between tapegrad's folders goes one way; and every header that the public headers
-reach is installed. Exits 1 naming each wrong-way include and each header missing from the install.
+"""The layering rule: every include between tapegrad's folders goes one way; and the public API is exactly what is
+installed: every header that the public headers reach is installed, nothing else is, and every internal header lives
+in a detail/ folder (cuda/, the kernels' launchers, is internal as a whole but for settings.hpp). Exits 1 naming each
+wrong-way include, each header missing from the install or installed without need, and each internal header outside
+detail/.
 
 usage: check_includes.py [source root]
        check_includes.py --planted   (shows that the check fails: on a copy of the tree with wrong-way includes planted)
 
-Each library file belongs to the layer of its folder; it may include its own layer and the layers listed for it
-below, always as "tapegrad/<path>" (so that no user file of the same relative path can stand in for it). Examples
-use the public headers only, as a user's program does. Tests and benchmarks may include anything.
+Each library file belongs to the layer of its folder (a detail/ folder to its parent's); it may include its own layer
+and the layers listed for it below, always as "tapegrad/<path>" (so that no user file of the same relative path can
+stand in for it). Examples use the public headers only, as a user's program does. Tests and benchmarks may include
+anything.
 """
 import pathlib
 import re
@@ -90,12 +94,13 @@ def installed(root):
         for match in INSTALL.finditer(build.read_text(encoding='utf-8')):
             listed, _, subdir = match.group(1).partition('subdir:')
             folder = subdir.strip().strip("'").removeprefix('tapegrad').strip('/')
-            names.update(str(pathlib.PurePosixPath(folder) / name) for name in re.findall(r"'([^']+)'", listed))
+            names.update(str(pathlib.PurePosixPath(folder) / pathlib.PurePosixPath(name).name)
+                         for name in re.findall(r"'([^']+)'", listed))
     return names
 
 
-def missing_from_install(root):
-    """The headers that the public ones include, directly or not, and that no install_headers lists."""
+def reached_from_public(root):
+    """The headers that the public ones include, directly or not (them too)."""
     reached, todo = set(), sorted(PUBLIC)
     while todo:
         header = todo.pop()
@@ -104,17 +109,36 @@ def missing_from_install(root):
         reached.add(header)
         todo += [t[len('tapegrad/'):] for _, t in INCLUDE.findall((root / header).read_text(encoding='utf-8'))
                  if t.startswith('tapegrad/')]
-    return [f'{h}: reached from the public headers but not installed (install_headers in its meson.build)'
-            for h in sorted(reached - installed(root))]
+    return reached
 
 
-# Includes that break the rule, each planted in a file of a lower layer (or an example) of a copy of the tree.
+def install_problems(root):
+    """Headers reached from the public ones but not installed, installed without being reached, and internal headers
+    (not installed) outside a detail/ folder."""
+    reached, listed = reached_from_public(root), installed(root)
+    problems = [f'{h}: reached from the public headers but not installed (install_headers in its meson.build)'
+                for h in sorted(reached - listed)]
+    problems += [f'{h}: installed but no public header reaches it (an internal header is not installed)'
+                 for h in sorted(listed - reached - PUBLIC)]
+    for file in sorted(root.rglob('*')):
+        rel = file.relative_to(root).as_posix()
+        if file.suffix not in ('.hpp', '.cuh') or rel in PUBLIC or layer_of(rel) in (None, 'cuda'):
+            continue
+        if rel not in listed and '/detail/' not in f'/{rel}':
+            problems.append(f'{rel}: internal (not installed) but outside a detail/ folder')
+    return problems
+
+
+# Includes that break the rule, each planted in a file of a lower layer (or an example) of a copy of the tree; and
+# headers that break the install rule: an internal one outside detail/, and an internal one that a public one reaches.
 PLANTED = {
     'tensor/tensor.hpp': '#include "tapegrad/autodiff/var.hpp"',
     'autodiff/var.cpp': '#include "tapegrad/cuda/elementwise.hpp"',
     'cuda/norm.hpp': '#include "tapegrad/ops/norm.hpp"',
     'tensor/core/error.hpp': '#include "tensor/core/device.hpp"',
     'examples/demo.cpp': '#include <tapegrad/ops/matmul.hpp>',
+    'ops/planted.hpp': '#pragma once',
+    'ops/reduce.hpp': '#include "tapegrad/ops/detail/axes.hpp"',
 }
 
 
@@ -128,9 +152,12 @@ def planted(root):
         for file, line in PLANTED.items():
             with open(pathlib.Path(copy) / file, 'a', encoding='utf-8') as f:
                 f.write(line + '\n')
-        problems = check(pathlib.Path(copy))
+        shutil.copy(root / 'meson.build', pathlib.Path(copy) / 'meson.build')
+        problems = check(pathlib.Path(copy)) + install_problems(pathlib.Path(copy))
+    reports = {'ops/planted.hpp': 'ops/planted.hpp: internal', 'ops/reduce.hpp': 'ops/detail/axes.hpp: reached'}
     missed = [f'{file}: {line}' for file, line in PLANTED.items()
-              if not any(p.startswith(file + ':') and line.split()[1] in p for p in problems)]
+              if not any(p.startswith(reports[file]) if file in reports else
+                         p.startswith(file + ':') and line.split()[1] in p for p in problems)]
     for m in missed:
         print(f'check_includes --planted: not reported: {m}')
     print(f'check_includes --planted: {len(PLANTED) - len(missed)} of {len(PLANTED)} planted includes reported')
@@ -143,11 +170,11 @@ if __name__ == '__main__':
         sys.exit(0 if planted(here) else 1)
     root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else here
     problems = check(root)
-    missing = missing_from_install(root)
-    for p in problems + missing:
+    misplaced = install_problems(root)
+    for p in problems + misplaced:
         print(p)
     print(f'check_includes: {len(problems)} wrong-way include(s)' if problems else
           'check_includes: every include goes one way')
-    print(f'check_includes: {len(missing)} public header(s) not installed' if missing else
-          'check_includes: every header the public headers reach is installed')
-    sys.exit(1 if problems or missing else 0)
+    print(f'check_includes: {len(misplaced)} header(s) installed or placed against the rule' if misplaced else
+          'check_includes: exactly the headers the public ones reach are installed; internal ones are in detail/')
+    sys.exit(1 if problems or misplaced else 0)

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "tapegrad/autodiff/var.hpp"
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad {

@@ -7,7 +7,7 @@
 
 #include "tapegrad/autodiff/gradient_hook.hpp"
 #include "tapegrad/tensor/core/error.hpp"
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 
 namespace tapegrad {
 

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tapegrad/autodiff/node.hpp"
+#include "tapegrad/autodiff/detail/node.hpp"
 
 namespace tapegrad {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "tapegrad/tensor/accumulate.hpp"
+#include "tapegrad/tensor/detail/accumulate.hpp"
 #include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad {

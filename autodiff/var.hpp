@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "tapegrad/autodiff/node.hpp"
+#include "tapegrad/autodiff/detail/node.hpp"
 #include "tapegrad/autodiff/tape.hpp"
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 
 namespace tapegrad {
 
@@ -133,8 +133,8 @@ template <class T> void check_defined_inputs(std::string_view op, const std::vec
   }
 }
 
-// Where an op starts: its inputs are defined, and it is the op in scope (tensor/core/op_scope.hpp) for the errors raised
-// below it, such as a result shape too large to count.
+// Where an op starts: its inputs are defined, and it is the op in scope (tensor/core/detail/op_scope.hpp) for the
+// errors raised below it, such as a result shape too large to count.
 template <class... Ts> [[nodiscard]] OpScope enter_op(std::string_view op, const Var<Ts>&... inputs) {
   check_defined_inputs(op, inputs...);
   return OpScope(op);

@@ -33,7 +33,7 @@ template <class T> Mat<T> matrix_of(const Tensor<T>& t, Eigen::Index rows, Eigen
 }
 
 // The LN-MLP loss's inputs, its gradients and the forward's intermediates, by hand.
-template <class T> struct MlpAdjoint {
+template <class T> struct MLPAdjoint {
   Mat<T> x, w1, w2, r;
   Row<T> gamma, beta, b1, b2;
   // forward
@@ -136,7 +136,7 @@ template <class T> void ln_mlp(std::int64_t M, std::int64_t H, std::int64_t F) {
   const Tensor<T> w2 = randn<T>({F, H}, 5, 0.0, 1.0 / std::sqrt(double(F)));
   const Tensor<T> b1 = randn<T>({F}, 6, 0.0, 0.1), b2 = randn<T>({H}, 7, 0.0, 0.1), r = randn<T>({M, H}, 8);
 
-  auto by_hand = std::make_shared<MlpAdjoint<T>>();
+  auto by_hand = std::make_shared<MLPAdjoint<T>>();
   by_hand->x = matrix_of(x, M, H);
   by_hand->w1 = matrix_of(w1, H, F);
   by_hand->w2 = matrix_of(w2, F, H);

@@ -1,5 +1,5 @@
 // cuBLASLt's candidates for the six GEMMs of a layernorm_mlp step (bf16 in and out, f32 accumulation), each timed:
-// in tapegrad's layouts (ops/layernorm_mlp_gpu.cpp) and in PyTorch's (weights [out, in], as peer_bench.py's
+// in tapegrad's layouts (ops/layernorm_mlp/gpu_steps.cpp) and in PyTorch's (weights [out, in], as peer_bench.py's
 // gemm_floor). For each problem: the heuristic's first choice, then the three fastest candidates with their tile,
 // stages and split-K. Plain cuBLASLt, no tapegrad code: it tells what the library could reach by choosing
 // algorithms (RESULTS (h)). dW2 also runs with db2 = Σ_rows dy summed by the GEMM's epilogue (BGRADA on tapegrad's

@@ -115,10 +115,11 @@ template <class T> void layernorm_group(const char* dtype) {
 template <class T> void mlp_activation_group(const char* dtype) {
   using namespace tapegrad;
   using C = compute_t<T>;
-  const MlpActivation gelu{MlpFunction::gelu_tanh, MlpGate::none}, swiglu{MlpFunction::swish, MlpGate::linear};
+  const ActivationForm gelu{ActivationFunction::gelu_tanh, ActivationGate::none};
+  const ActivationForm swiglu{ActivationFunction::swish, ActivationGate::linear};
   const struct {
     const char* name;
-    MlpActivation act;
+    ActivationForm act;
     std::int64_t rows, F;
   } forms[] = {{"mlp_activation gelu", gelu, 8192, 16384},
                {"mlp_activation swiglu", swiglu, 8192, 11008},

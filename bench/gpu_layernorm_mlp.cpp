@@ -63,7 +63,7 @@ const Precision precisions[] = {
 void run_config(const Config& c, const Precision& precision, bool autotune) {
   cuda::set_gemm_autotune(autotune);
   const std::int64_t n = activation_width(c.activation);
-  const GpuMlpBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases, precision.fp8, precision.weight_cache);
+  const GpuMLPBlock block(c.M, c.H, c.F, c.norm, c.activation, c.biases, precision.fp8, precision.weight_cache);
   const auto step = [&] { block.step(); };
   const std::vector<Timing> t = measure_gpu({[&] {
                                                (void)block.forward();

@@ -12,14 +12,14 @@
 
 namespace bench {
 
-struct GpuMlpBlock {
+struct GpuMLPBlock {
   tapegrad::Var<tapegrad::bf16> x, gamma, beta;  // beta undefined for rmsnorm
   tapegrad::MLPKernels<tapegrad::bf16> kernels;
   tapegrad::MLPBiases<tapegrad::bf16> biases;
   tapegrad::Tensor<tapegrad::bf16> dy;
   tapegrad::LayerNormMLPOptions options;
 
-  GpuMlpBlock(std::int64_t M, std::int64_t H, std::int64_t F, tapegrad::NormType norm,
+  GpuMLPBlock(std::int64_t M, std::int64_t H, std::int64_t F, tapegrad::NormType norm,
               tapegrad::Activation activation, bool with_biases,
               const std::optional<tapegrad::fp8::Recipe>& fp8 = std::nullopt, bool weight_cache = false) {
     using namespace tapegrad;

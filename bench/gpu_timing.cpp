@@ -2,7 +2,7 @@
 
 #include <cuda_runtime.h>
 
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/device.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   if (precision == "delayed") recipe = fp8::DelayedScaling{};
   if (precision == "current") recipe = fp8::CurrentScaling{};
   if (precision == "block") recipe = fp8::BlockScaling{};
-  const bench::GpuMlpBlock block(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]),
+  const bench::GpuMLPBlock block(std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]),
                                  swiglu ? NormType::rmsnorm : NormType::layernorm,
                                  swiglu ? Activation::swiglu : Activation::gelu, !swiglu, recipe);
   for (int i = 0; i < 3; ++i) block.step();  // kernels made, GEMM algorithms chosen, the pool warm

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "bench.hpp"
-#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 

@@ -3,7 +3,7 @@
 // path, Eigen's Tensor contraction on tapegrad's thread pool, and cblas_?gemm called directly (these three write a
 // preallocated output). The small sizes show where `blas_min_work` should sit.
 #include "bench.hpp"
-#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/tapegrad.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 

@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "tapegrad/cuda/cublas_check.cuh"
-#include "tapegrad/tensor/core/activation_math.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/cuda/detail/activation_math.hpp"
+#include "tapegrad/tensor/core/fp8.hpp"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 
@@ -122,7 +123,8 @@ void validate_fp8(const GemmArgs& g) {
   check((f.a_scaling != Fp8Scaling::tiles_1x128 || g.M % 4 == 0) &&
             (f.b_scaling != Fp8Scaling::tiles_1x128 || g.N % 4 == 0),
         "gemm", "an operand in 1x128 tiles needs its rows (M for A, N for B) a multiple of 4: the ", describe(g));
-  check(!tiled || g.K % 128 == 0, "gemm", "block-scaled fp8 operands need K a multiple of 128: the ", describe(g));
+  check(!tiled || g.K % fp8::block_tile == 0, "gemm", "block-scaled fp8 operands need K a multiple of ", fp8::block_tile,
+        ": the ", describe(g));
   // (cuBLASLt's FP8 kernels misread an f32 bias: measured wrong on an H200 with CUDA 13.)
   check(!g.bias || g.dtype != DType::f32, "gemm", "an fp8 product adds a bias only to a bf16 or f16 output: the ",
         describe(g));
@@ -513,7 +515,7 @@ void empty_product(const GemmArgs& g, const Launch& launch) {
 
 Fp8ScaleShape fp8_scale_shape(Fp8Scaling scaling, std::int64_t outer, std::int64_t K) {
   const auto round_up_4 = [](std::int64_t n) { return (n + 3) / 4 * 4; };
-  const auto tiles = [](std::int64_t n) { return (n + 127) / 128; };
+  const auto tiles = [](std::int64_t n) { return (n + fp8::block_tile - 1) / fp8::block_tile; };
   switch (scaling) {
     case Fp8Scaling::tiles_1x128: return {tiles(K), round_up_4(outer)};
     case Fp8Scaling::blocks_128x128: return {tiles(outer), round_up_4(tiles(K))};

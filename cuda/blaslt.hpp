@@ -55,6 +55,9 @@ struct GemmOutput {
 // Tiled operands take no fast accumulation nor a bias, whole tiles along K (a multiple of 128), at most one of the
 // two is in blocks, and one in 1×128 tiles has its rows (M for A, N for B) a multiple of 4.
 enum class Fp8Scaling : std::uint8_t { tensor, tiles_1x128, blocks_128x128 };
+// The FP8 kernels read rows that start 16-byte aligned: an fp8 operand's rows and inner size are padded to this many
+// codes (block scaling's to whole tiles, fp8::block_tile).
+inline constexpr std::int64_t fp8_row_alignment = 16;
 // The scales of an operand stored [outer, K]: `rows` rows of `ld` floats (1 × 1 for one scale per tensor).
 struct Fp8ScaleShape {
   std::int64_t rows = 1, ld = 1;

@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "tapegrad/cuda/element_op.hpp"
-#include "tapegrad/tensor/core/activation_math.hpp"
-#include "tapegrad/tensor/core/host_device.hpp"
+#include "tapegrad/cuda/detail/element_op.hpp"
+#include "tapegrad/cuda/detail/activation_math.hpp"
+#include "tapegrad/tensor/core/detail/host_device.hpp"
 
 namespace tapegrad::cuda {
 
@@ -51,7 +51,7 @@ template <ElementOp Op, class C, bool Fast = false> TAPEGRAD_HOST_DEVICE inline 
   }
   else if constexpr (Op == ElementOp::gelu_erf) return act::gelu_erf<C>(x, nullptr);
   else {
-    static_assert(Op == ElementOp::gelu_erf_grad, "an arithmetic instruction of cuda/element_op.hpp");
+    static_assert(Op == ElementOp::gelu_erf_grad, "an arithmetic instruction of cuda/detail/element_op.hpp");
     return derivative<C>([&](C* g) { act::gelu_erf(x, g); });
   }
 }

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <tuple>
 
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/device.hpp"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::cuda {
 

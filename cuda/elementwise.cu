@@ -20,7 +20,7 @@
 #include "tapegrad/cuda/async_copy.cuh"
 #include "tapegrad/cuda/element_arithmetic.hpp"
 #include "tapegrad/cuda/element_jit.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -2,7 +2,7 @@
 //
 // The expression templates are compiled by the host compiler, so they cannot instantiate kernels. Instead the
 // host turns an expression (and, for backward, the gradient of each operand) into a short register program
-// (ops/element_term.hpp), and ONE kernel per dtype runs it for every element: loads from the inputs (with
+// (ops/detail/element_term.hpp), and ONE kernel per dtype runs it for every element: loads from the inputs (with
 // broadcast strides), arithmetic in the compute type (f32 for bf16/f16) in registers, stores to the outputs. One
 // launch per expression, forward or backward, whatever its size, with 16-byte loads and stores when every input
 // and output is contiguous and aligned. Large runs get a kernel made for their program instead (see below).
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "tapegrad/cuda/element_op.hpp"
+#include "tapegrad/cuda/detail/element_op.hpp"
 #include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/core/dtype_tag.hpp"
 

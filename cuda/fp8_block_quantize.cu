@@ -16,7 +16,7 @@ namespace tapegrad::cuda {
 
 namespace {
 
-constexpr int tile = 128, run = 8, threads = 256;
+constexpr int tile = fp8::block_tile, run = 8, threads = 256;
 constexpr int runs_across = tile / run;             // a tile row's runs
 constexpr int rows_per_step = threads / runs_across;  // rows the block's threads cover at once
 constexpr fp8::Format e4m3 = fp8::Format::e4m3;

@@ -1,7 +1,7 @@
-// Block scaling's quantization on the GPU (ops/fp8.hpp's BlockScaling, DeepSeek-V3's): e4m3 codes with a power of
-// two scale per tile, bitwise the CPU's (ops/fp8_quantize.hpp's block_quantized), and the tiles' dequantization
-// scales laid out as cuBLASLt's block-scaled products read them (cuda/blaslt.hpp's Fp8Scaling). Plain C++ (see
-// tensor/gpu/backend.hpp for how ops call it). The work is queued on the device's current stream.
+// Block scaling's quantization on the GPU (ops/fp8/recipe.hpp's BlockScaling, DeepSeek-V3's): e4m3 codes with a power
+// of two scale per tile, bitwise the CPU's (ops/fp8/detail/quantize.hpp's block_quantized), and the tiles'
+// dequantization scales laid out as cuBLASLt's block-scaled products read them (cuda/blaslt.hpp's Fp8Scaling). Plain
+// C++ (see tensor/gpu/backend.hpp for how ops call it). The work is queued on the device's current stream.
 #pragma once
 
 #include <cstdint>

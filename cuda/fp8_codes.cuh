@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "tapegrad/tensor/core/fp8.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,5 +1,5 @@
 // FP8 quantization on the GPU: the amax of a tensor and its fp8 codes (with a transposed copy where a product reads
-// it along its other dimension), bitwise the CPU's (ops/fp8_quantize.hpp, tensor/core/fp8.hpp). Plain C++ (see
+// it along its other dimension), bitwise the CPU's (ops/fp8/detail/quantize.hpp, tensor/core/fp8.hpp). Plain C++ (see
 // tensor/gpu/backend.hpp for how ops call it). The work is queued on the device's current stream.
 #pragma once
 

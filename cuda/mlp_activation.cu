@@ -74,7 +74,7 @@ template <class S, int V, int R, bool Backward> struct RowLoads {
 // loading, then computing, left the memory idle while a warp computed.
 template <class S, int V, bool Backward, Form Fixed>
 __global__ void __launch_bounds__(threads, min_blocks_per_sm)
-    activation_kernel(const MlpActivation act, const Buffers<S> b, std::int64_t rows, std::int64_t F,
+    activation_kernel(const ActivationForm act, const Buffers<S> b, std::int64_t rows, std::int64_t F,
                       std::int64_t chunk_rows) {
   wait_for_prior_kernels();
   using C = compute_of<S>;
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
 }
 
 template <class S, bool Backward>
-void launch_activation(int device, const MlpActivation& act, const Buffers<S>& b, std::int64_t rows,
+void launch_activation(int device, const ActivationForm& act, const Buffers<S>& b, std::int64_t rows,
                        std::int64_t F) {
   if (rows * F == 0) return;
   Launch launch(device);
@@ -171,8 +171,8 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
   return chunks(rows, F) * width * F;
 }
 
-void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const MlpActivationCodes* codes) {
+void mlp_activation_forward(DType dtype, int device, const ActivationForm& act, const void* z, void* a,
+                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
     using S = decltype(tag);
     Buffers<S> b{static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr};
@@ -187,8 +187,8 @@ void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, c
   });
 }
 
-void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                             const MlpActivationGrads& out, std::int64_t rows, std::int64_t F) {
+void mlp_activation_backward(DType dtype, int device, const ActivationForm& act, const void* z, const void* da,
+                             const ActivationGrads& out, std::int64_t rows, std::int64_t F) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
     using S = decltype(tag);
     using C = compute_of<S>;

@@ -1,29 +1,29 @@
 // The activation step of layernorm_mlp on the GPU: a = fn(z₀)·gate(z₁) over rows of z = [z₀ | z₁] (z₁ only for gated
 // activations), and its backward dz = da·∂a/∂z with the bias gradient Σ_rows dz. The same formulas as the CPU's
-// ops/mlp_activation.hpp, per element from tensor/core/activation_math.hpp. Plain C++.
+// ops/layernorm_mlp/detail/cpu_activation.hpp, per element from cuda/detail/activation_math.hpp. Plain C++.
 #pragma once
 
 #include <cstdint>
 
 #include "tapegrad/tensor/core/dtype_tag.hpp"
-#include "tapegrad/tensor/core/mlp_activation.hpp"
+#include "tapegrad/cuda/activation_form.hpp"
 
 namespace tapegrad::cuda {
 
 // a's fp8 codes, written by the forward in place of a: code = fp8(a · *scale) in f8e4m3 (the activation's format
 // in every recipe), a rounded to the dtype first, bitwise what fp8_quantize makes of that a; and, where amax is
 // given, *amax = max(*amax, max |a|) as fp8_amax computes it.
-struct MlpActivationCodes {
+struct ActivationCodes {
   void* codes = nullptr;  // [rows, F]
   const float* scale = nullptr;
   float* amax = nullptr;
 };
 
 // z [rows, width·F] → a [rows, F], or its fp8 codes where `codes` is given (a is then not written and may be null).
-void mlp_activation_forward(DType dtype, int device, const MlpActivation& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const MlpActivationCodes* codes = nullptr);
+void mlp_activation_forward(DType dtype, int device, const ActivationForm& act, const void* z, void* a,
+                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes = nullptr);
 
-struct MlpActivationGrads {
+struct ActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)
   void* a = nullptr;      // [rows, F]: a = act(z), bitwise the forward's, for dW2; may be da itself; null: none
   void* dbias = nullptr;  // [width·F] = Σ_rows dz (of dz as rounded to dtype), summed in the compute type; null: none
@@ -38,13 +38,13 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 // z [rows, width·F], da [rows, F] → dz, and a and dbias where asked for: ONE kernel reads z and da once, writes dz,
 // a and each chunk's partial column sums of dz; a second adds the partials in a fixed order (no atomics: bitwise
 // the same on every run).
-void mlp_activation_backward(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                             const MlpActivationGrads& out, std::int64_t rows, std::int64_t F);
+void mlp_activation_backward(DType dtype, int device, const ActivationForm& act, const void* z, const void* da,
+                             const ActivationGrads& out, std::int64_t rows, std::int64_t F);
 
 // Delayed scaling's backward (every scale known before the kernel): dz and a as fp8 codes in place of dz and a, in
 // the layouts the products read. Each code is bitwise what fp8_quantize makes of the dz (or a) that
 // mlp_activation_backward writes; dz's amax as fp8_amax takes it.
-struct MlpActivationBackwardCodes {
+struct ActivationBackwardCodes {
   DType dz_format = DType::f8e5m2;
   const float* dz_scale = nullptr;
   void* dz_codes = nullptr;       // [rows, width·F]; null: none
@@ -53,7 +53,7 @@ struct MlpActivationBackwardCodes {
   const float* a_scale = nullptr;
   void* a_transposed = nullptr;  // [F, transposed_ld] in f8e4m3; null: none
   std::int64_t transposed_ld = 0;  // the transposes' row length: rows rounded up to 16 (zero codes past rows)
-  void* dbias = nullptr;     // as MlpActivationGrads's
+  void* dbias = nullptr;     // as ActivationGrads's
   void* partials = nullptr;  // mlp_activation_codes_partials(rows, F, width) elements of the compute type
   bool wide_dbias = false;
 };
@@ -64,7 +64,7 @@ std::int64_t mlp_activation_codes_partials(std::int64_t rows, std::int64_t F, in
 // z [rows, width·F], da [rows, F] (f32, bf16 or f16; F a multiple of 16, rows 16-byte aligned) → the codes asked for,
 // in one kernel over tiles of 64 × 64 (the transposes through shared memory), and dbias as mlp_activation_backward
 // sums it but over the kernel's own chunks (bitwise the same every run, not necessarily the same bits as there).
-void mlp_activation_backward_codes(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                                   const MlpActivationBackwardCodes& out, std::int64_t rows, std::int64_t F);
+void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm& act, const void* z, const void* da,
+                                   const ActivationBackwardCodes& out, std::int64_t rows, std::int64_t F);
 
 }  // namespace tapegrad::cuda

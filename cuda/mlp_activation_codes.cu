@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_codes.cuh"
 #include "tapegrad/cuda/mlp_activation.hpp"
 #include "tapegrad/cuda/mlp_activation_forms.cuh"
@@ -30,8 +31,11 @@ constexpr int rows_per_pass = threads / runs_across;  // the tile's rows the blo
 // About 2048 blocks over the problem, as the plain backward's chunks.
 constexpr std::int64_t target_blocks = 2048;
 
-// The rows the kernel covers: rows rounded up to 16, the transposes' rows (zero codes past `rows`).
-std::int64_t covered_rows(std::int64_t rows) { return (rows + 15) / 16 * 16; }
+// The rows the kernel covers: rows rounded up to whole 16-byte rows of codes, the transposes' rows (zero codes past
+// `rows`).
+std::int64_t covered_rows(std::int64_t rows) {
+  return (rows + fp8_row_alignment - 1) / fp8_row_alignment * fp8_row_alignment;
+}
 
 // Rows per chunk, whole tiles; depends on the covered rows and F only.
 std::int64_t chunk_rows(std::int64_t covered, std::int64_t F) {
@@ -68,7 +72,7 @@ __device__ __forceinline__ void write_down(const std::uint8_t (&codes)[tile][til
 
 template <class S, Form Fixed, fp8::Format G>
 __global__ void __launch_bounds__(threads)
-    backward_codes_kernel(const MlpActivation act, const Buffers<S> b, std::int64_t rows, std::int64_t covered,
+    backward_codes_kernel(const ActivationForm act, const Buffers<S> b, std::int64_t rows, std::int64_t covered,
                           std::int64_t F, std::int64_t chunk_rows) {
   using C = compute_of<S>;
   __shared__ std::uint8_t a_tile[tile][tile + 4], dz0_tile[tile][tile + 4], dz1_tile[tile][tile + 4];
@@ -156,17 +160,17 @@ std::int64_t mlp_activation_codes_partials(std::int64_t rows, std::int64_t F, in
   return chunks(covered_rows(rows), F) * width * F;
 }
 
-void mlp_activation_backward_codes(DType dtype, int device, const MlpActivation& act, const void* z, const void* da,
-                                   const MlpActivationBackwardCodes& out, std::int64_t rows, std::int64_t F) {
+void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm& act, const void* z, const void* da,
+                                   const ActivationBackwardCodes& out, std::int64_t rows, std::int64_t F) {
   constexpr const char* op = "layernorm_mlp";
   check(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
         "the activation's fp8 codes are made from f32, bf16 or f16, not ", dtype_name(dtype));
   check(out.dz_format == DType::f8e4m3 || out.dz_format == DType::f8e5m2, op, "dz's format must be fp8, got ",
         dtype_name(out.dz_format));
   const std::int64_t covered = covered_rows(rows);
-  check(F % 16 == 0 && (!(out.dz_transposed || out.a_transposed) || out.transposed_ld == covered), op,
-        "the fused backward needs F (", F, ") in a multiple of 16 and the transposes' rows (", out.transposed_ld,
-        ") rounded up to 16 from ", rows);
+  check(F % fp8_row_alignment == 0 && (!(out.dz_transposed || out.a_transposed) || out.transposed_ld == covered), op,
+        "the fused backward needs F (", F, ") in a multiple of ", fp8_row_alignment, " and the transposes' rows (",
+        out.transposed_ld, ") rounded up to ", fp8_row_alignment, " from ", rows);
   check(out.dz_scale && (out.a_scale || !out.a_transposed), op, "the fused backward needs the scales of its codes");
   const std::int64_t chunk_count = chunks(covered, F);  // (none for no rows: dbias sums to zeros)
   if (covered > 0 && F > 0) {

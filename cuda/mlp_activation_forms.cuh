@@ -1,10 +1,10 @@
 // The activation of layernorm_mlp's kernels per element (cuda/mlp_activation.cu, cuda/mlp_activation_codes.cu): fn
-// and its gate with their derivatives, in the compute type, from tensor/core/activation_math.hpp. Internal to cuda/.
+// and its gate with their derivatives, in the compute type, from cuda/detail/activation_math.hpp. Internal to cuda/.
 #pragma once
 
 #include "tapegrad/cuda/mlp_activation.hpp"
-#include "tapegrad/tensor/core/activation_math.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/cuda/detail/activation_math.hpp"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda::activation_forms {
 
@@ -15,28 +15,28 @@ namespace act = tapegrad::activation;
 // fixed form computes exactly what the switch does for it.
 enum class Form { general, gelu, swiglu };
 
-inline Form form_of(const MlpActivation& a) {
-  if (a.fn == MlpFunction::gelu_tanh && a.gate == MlpGate::none) return Form::gelu;
-  if (a.fn == MlpFunction::swish && a.gate == MlpGate::linear && a.alpha == 1.0) return Form::swiglu;
+inline Form form_of(const ActivationForm& a) {
+  if (a.fn == ActivationFunction::gelu_tanh && a.gate == ActivationGate::none) return Form::gelu;
+  if (a.fn == ActivationFunction::swish && a.gate == ActivationGate::linear && a.alpha == 1.0) return Form::swiglu;
   return Form::general;
 }
 
-template <Form F> __device__ __forceinline__ int width_of(const MlpActivation& a) {
+template <Form F> __device__ __forceinline__ int width_of(const ActivationForm& a) {
   if constexpr (F == Form::general) return a.width();
   else return F == Form::gelu ? 1 : 2;
 }
 
 // fn(x), and fn'(x) into *grad unless null. Clamps differentiate as torch.clamp: 1 on the closed interval. Fast:
 // the sigmoids with the hardware's exp and division (for 16-bit storage; activation_math.hpp).
-template <Form F, bool Fast, class C> __device__ __forceinline__ C function_of(const MlpActivation& a, C x, C* grad) {
+template <Form F, bool Fast, class C> __device__ __forceinline__ C function_of(const ActivationForm& a, C x, C* grad) {
   if constexpr (F == Form::gelu) return act::gelu_tanh<Fast>(x, grad);
   if constexpr (F == Form::swiglu) return act::swish<Fast>(x, C(1), grad);
   switch (a.fn) {
-    case MlpFunction::relu: return act::relu(x, grad);
-    case MlpFunction::gelu_tanh: return act::gelu_tanh<Fast>(x, grad);
-    case MlpFunction::swish: return act::swish<Fast>(x, C(a.alpha), grad);
-    case MlpFunction::squared_relu: return act::squared_relu(x, grad);
-    case MlpFunction::sigmoid: {
+    case ActivationFunction::relu: return act::relu(x, grad);
+    case ActivationFunction::gelu_tanh: return act::gelu_tanh<Fast>(x, grad);
+    case ActivationFunction::swish: return act::swish<Fast>(x, C(a.alpha), grad);
+    case ActivationFunction::squared_relu: return act::squared_relu(x, grad);
+    case ActivationFunction::sigmoid: {
       const C s = act::sigmoid<Fast>(x);
       if (grad) *grad = s * (C(1) - s);
       return s;
@@ -50,8 +50,8 @@ template <Form F, bool Fast, class C> __device__ __forceinline__ C function_of(c
   }
 }
 
-template <Form F, class C> __device__ __forceinline__ C gate_of(const MlpActivation& a, C x, C* grad) {
-  if (F == Form::swiglu || a.gate == MlpGate::linear) {
+template <Form F, class C> __device__ __forceinline__ C gate_of(const ActivationForm& a, C x, C* grad) {
+  if (F == Form::swiglu || a.gate == ActivationGate::linear) {
     if (grad) *grad = C(1);
     return x;
   }
@@ -66,7 +66,7 @@ template <class S> struct BackwardElement {
   S a, dz0, dz1;
 };
 template <Form F, class S, class C>
-__device__ __forceinline__ BackwardElement<S> backward_element(const MlpActivation& act, int width, C z0, C z1,
+__device__ __forceinline__ BackwardElement<S> backward_element(const ActivationForm& act, int width, C z0, C z1,
                                                                C da) {
   C grad, gate_grad;
   C value = function_of<F, sizeof(S) == 2>(act, z0, &grad);

@@ -1,5 +1,5 @@
 // Layer and RMS normalization over the rows of x [rows, hidden] (interface: cuda/norm.hpp; the CPU's formulas:
-// ops/norm_rows.hpp).
+// ops/detail/norm_rows.hpp).
 //
 // Forward: a row group per row (cuda/rows.cuh: a warp for rows of up to 1024 elements, the block otherwise),
 // three passes over the row, the second and third served by L1/L2: the mean; the variance as a second pass over

@@ -1,11 +1,11 @@
-// Layer normalization and RMS normalization over the last axis on the GPU, forward and backward: host launchers
-// in plain C++ (see tensor/gpu/backend.hpp for how ops call them). Used by the norm ops (ops/norm.cpp); written to serve
+// Layer normalization and RMS normalization over the last axis on the GPU, forward and backward: host launchers in
+// plain C++ (see tensor/gpu/backend.hpp for how ops call them). Used by the norm ops (ops/norm.cpp); written to serve
 // any caller that holds x as [rows, hidden] (the fused layernorm_mlp node too).
 //
-// The maths is the CPU's (ops/norm_rows.hpp), in the compute type C of the dtype (f32 for f32/bf16/f16, f64 for
+// The maths is the CPU's (ops/detail/norm_rows.hpp), in the compute type C of the dtype (f32 for f32/bf16/f16, f64 for
 // f64): per row mean and rstd in C, y = (x - mean)·rstd·g + beta rounded to the dtype once, g = gamma or 1 + gamma.
-// Every pointer is device memory of `device`, row-major; tensors of the dtype unless said otherwise; work is queued
-// on the device's current stream. Results are bitwise the same on every run.
+// Every pointer is device memory of `device`, row-major; tensors of the dtype unless said otherwise; work is queued on
+// the device's current stream. Results are bitwise the same on every run.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 
 #include <type_traits>
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,4 +1,4 @@
-// Optimizer updates on the GPU: one fused kernel per update rule (tensor/core/update_rules.hpp, the CPU's rules) reads
+// Optimizer updates on the GPU: one fused kernel per update rule (cuda/detail/update_rules.hpp, the CPU's rules) reads
 // each element of a parameter, its gradient and its state, and writes the state and the parameter in place, the
 // parameter rounded once to its dtype. Plain C++ (see tensor/gpu/backend.hpp for how callers use it).
 #pragma once
@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "tapegrad/tensor/core/dtype_tag.hpp"
-#include "tapegrad/tensor/core/update_rules.hpp"
+#include "tapegrad/cuda/detail/update_rules.hpp"
 
 namespace tapegrad::cuda {
 

@@ -1,6 +1,6 @@
 #include "tapegrad/cuda/partial_sums.hpp"
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

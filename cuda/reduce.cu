@@ -23,7 +23,7 @@
 #include <type_traits>
 
 #include "tapegrad/cuda/elementwise.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

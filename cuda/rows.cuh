@@ -14,7 +14,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda::rows {
 

@@ -2,8 +2,8 @@
 // tensor/gpu/backend.hpp for how ops call them). The maths is the CPU's (ops/softmax.cpp), in the compute type C of the
 // dtype (f32 for f32/bf16/f16, f64 for f64), stable (each line's max is subtracted), rounded to the dtype once.
 //
-// x is seen as lines [outer, n, inner] (as ops/lines.hpp): line (o, i) holds the n elements o·n·inner + k·inner + i
-// and has index o·inner + i in the per-line statistics. Every pointer is device memory of `device`, contiguous;
+// x is seen as lines [outer, n, inner] (as ops/detail/lines.hpp): line (o, i) holds the n elements o·n·inner + k·inner
+// + i and has index o·inner + i in the per-line statistics. Every pointer is device memory of `device`, contiguous;
 // work is queued on the device's current stream.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Per-row softmax statistics for the row kernels of softmax, log_softmax and cross_entropy: the row's max and the
 // sum of exp(x - max), so that exp(x - max) / sum and max + log(sum) never overflow (the CPU's
-// ops/softmax_stats.hpp).
+// ops/detail/softmax_stats.hpp).
 #pragma once
 
 #include "tapegrad/cuda/rows.cuh"

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,9 +1,9 @@
-// Activation functions as elementwise expressions: they fuse with the arithmetic around them into one node.
-// tanh and sigmoid use Eigen's kernels (ops/packet_math.hpp); the others the array formulas of ops/activation_arrays.hpp, which
-// layernorm_mlp shares. All are vectorized.
+// Activation functions as elementwise expressions: they fuse with the arithmetic around them into one node. tanh and
+// sigmoid use Eigen's kernels (ops/detail/packet_math.hpp); the others the array formulas of
+// ops/detail/activation_arrays.hpp, which layernorm_mlp shares. All are vectorized.
 #pragma once
 
-#include "tapegrad/ops/activation_arrays.hpp"
+#include "tapegrad/ops/detail/activation_arrays.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tapegrad {
@@ -25,14 +25,14 @@ struct Sigmoid {
   }
 };
 
-// Evaluates the array function Fn of ops/activation_arrays.hpp (its derivative when Derivative is true) as an Eigen
-// functor: packetOp gives it one packet as a fixed-size array, so a Tensor expression of it stays vectorized; a
-// scalar (a loop's tail, which depends on how Eigen blocks the loop, and so on the thread count) goes through the
-// same packet code as lane 0 of a packet, so every element gets the same bits wherever it falls. (functor_traits, at
-// the end of this file, tells Eigen that packetOp exists.)
+// Evaluates the array function Fn of ops/detail/activation_arrays.hpp (its derivative when Derivative is true) as an
+// Eigen functor: packetOp gives it one packet as a fixed-size array, so a Tensor expression of it stays vectorized; a
+// scalar (a loop's tail, which depends on how Eigen blocks the loop, and so on the thread count) goes through the same
+// packet code as lane 0 of a packet, so every element gets the same bits wherever it falls. (functor_traits, at the end
+// of this file, tells Eigen that packetOp exists.)
 template <class Fn, bool Derivative> struct ArrayFunctor {
   Fn fn;
-  // The same function on the GPU (see ops/element_term.hpp): its op, and its parameter where it has one.
+  // The same function on the GPU (see ops/detail/element_term.hpp): its op, and its parameter where it has one.
   cuda::ElementOp gpu_op() const { return Derivative ? Fn::gpu_grad : Fn::gpu_value; }
   double gpu_scalar() const {
     if constexpr (requires { fn.alpha; }) {

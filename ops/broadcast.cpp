@@ -1,6 +1,6 @@
 // Broadcast plans, and expand_to / sum_to on the cpu (odometer loops) and on a GPU (a strided copy with zero
 // strides on the broadcast axes; the reduction kernels over them).
-#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "tapegrad/ops/element_layout.hpp"
+#include "tapegrad/ops/detail/element_layout.hpp"
 
 #include <cstdint>
 

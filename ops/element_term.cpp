@@ -1,12 +1,12 @@
 // Compiling Terms into register programs: each tree is evaluated in Sethi–Ullman order (the operand that needs
 // more registers first), which needs as few registers as the tree allows (log2 of its leaves, plus one, at most).
 // Shared subtrees are evaluated again where they recur, as the CPU's expression templates do.
-#include "tapegrad/ops/element_term.hpp"
+#include "tapegrad/ops/detail/element_term.hpp"
 
 #include <algorithm>
 
 #include "tapegrad/cuda/elementwise.hpp"
-#include "tapegrad/ops/element_layout.hpp"
+#include "tapegrad/ops/detail/element_layout.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad {

@@ -1,12 +1,12 @@
 // Elementwise arithmetic and math on Vars, with NumPy broadcasting. Every function here returns a lazy
-// expression (see ops/expression.hpp); a whole expression records as one tape node when it becomes a Var.
+// expression (see ops/detail/expression.hpp); a whole expression records as one tape node when it becomes a Var.
 // Each op is its forward and its derivative side by side, written as Eigen expressions in the compute type.
 #pragma once
 
 #include <cmath>
 
-#include "tapegrad/ops/expression.hpp"
-#include "tapegrad/ops/packet_math.hpp"
+#include "tapegrad/ops/detail/expression.hpp"
+#include "tapegrad/ops/detail/packet_math.hpp"
 
 namespace tapegrad {
 

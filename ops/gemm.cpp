@@ -1,5 +1,5 @@
 // GEMM dispatch: Eigen for small products; for larger f32/f64 ones the engine measured faster for the shape
-// (ops/gemm_choice.hpp), Eigen's or CBLAS.
+// (ops/detail/gemm_choice.hpp), Eigen's or CBLAS.
 //
 // Eigen path: up to 2^20 multiply-adds Eigen's matrix product (one thread); above, the Tensor contraction, which
 // pairs op(A)'s K axis with op(B)'s, so the transposes are contraction axes, never copies, and the free axes come
@@ -7,14 +7,14 @@
 // wider than its rows is packed first (O(MK), next to the O(MNK) product). alpha, beta and a strided C are applied
 // in one pass over a contiguous product.
 // bf16/f16: both operands are widened to f32 (packing them), multiplied by the f32 path, and C is rounded once.
-#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
 
 #include <atomic>
 #include <chrono>
 #include <climits>
 #include <type_traits>
 
-#include "tapegrad/ops/gemm_choice.hpp"
+#include "tapegrad/ops/detail/gemm_choice.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/factories.hpp"
 

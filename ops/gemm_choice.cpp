@@ -1,4 +1,4 @@
-#include "tapegrad/ops/gemm_choice.hpp"
+#include "tapegrad/ops/detail/gemm_choice.hpp"
 
 #include <algorithm>
 #include <cstdlib>

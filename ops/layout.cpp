@@ -16,8 +16,8 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
-#include "tapegrad/ops/axes.hpp"
-#include "tapegrad/ops/lines.hpp"
+#include "tapegrad/ops/detail/axes.hpp"
+#include "tapegrad/ops/detail/lines.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 

@@ -1,9 +1,9 @@
 // Losses in C = compute_t<T>, each a rank-0 mean rounded to T once. Totals are summed over fixed blocks
-// (ops/row_sum.hpp), so they do not depend on the thread count.
+// (ops/detail/row_sum.hpp), so they do not depend on the thread count.
 //
 //   mse_loss:       L = Σ (p - t)² / n                 dp = 2 (p - t) / n · dL,   dt = -dp
 //   cross_entropy:  logits x seen as [N, C]; q the target distribution of each row (one-hot of the label, or the
-//                   soft target); lse = log Σ_c exp(x_c) per row (ops/softmax_stats.hpp), softmax = exp(x - lse)
+//                   soft target); lse = log Σ_c exp(x_c) per row (ops/detail/softmax_stats.hpp), softmax = exp(x - lse)
 //                   L  = Σ_rows Σ_c q_c (lse - x_c) / N
 //                   dx = (softmax · Σ_c q_c - q) / N · dL        (labels: (softmax - onehot) / N · dL)
 //                   dq = (lse - x) / N · dL                      (soft targets only)
@@ -20,8 +20,8 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/loss.hpp"
-#include "tapegrad/ops/row_sum.hpp"
-#include "tapegrad/ops/softmax_stats.hpp"
+#include "tapegrad/ops/detail/row_sum.hpp"
+#include "tapegrad/ops/detail/softmax_stats.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 

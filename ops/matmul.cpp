@@ -20,8 +20,8 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
-#include "tapegrad/ops/broadcast.hpp"
-#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {

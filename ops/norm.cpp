@@ -1,4 +1,4 @@
-// layernorm and rmsnorm as tape nodes; the row kernels and their formulas are in ops/norm_rows.hpp (cpu) and
+// layernorm and rmsnorm as tape nodes; the row kernels and their formulas are in ops/detail/norm_rows.hpp (cpu) and
 // cuda/norm.cu (GPU).
 #include "tapegrad/ops/norm.hpp"
 
@@ -9,7 +9,7 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/norm.hpp"
-#include "tapegrad/ops/norm_rows.hpp"
+#include "tapegrad/ops/detail/norm_rows.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -108,7 +108,7 @@ Grads<T> host_norm_backward(const detail::NormRows<T>& s, const Tensor<T>& dy, b
           need_dbeta ? detail::rounded_tensor<T>(totals + s.hidden, param_shape) : Tensor<T>()};
 }
 
-// What a backward needs: on the cpu NormRows (ops/norm_rows.hpp), on a GPU DeviceNorm.
+// What a backward needs: on the cpu NormRows (ops/detail/norm_rows.hpp), on a GPU DeviceNorm.
 template <class T> struct NormSaved {
   detail::NormRows<T> host;
   DeviceNorm<T> device;

@@ -20,8 +20,8 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/reduce.hpp"
-#include "tapegrad/ops/axes.hpp"
-#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/detail/axes.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"

@@ -1,7 +1,7 @@
-// softmax and log_softmax along any axis, with x seen as lines [outer, n, inner] (ops/lines.hpp), in
+// softmax and log_softmax along any axis, with x seen as lines [outer, n, inner] (ops/detail/lines.hpp), in
 // C = compute_t<T>, rounded to T once.
 //
-//   p = exp(x - max) / Σ exp(x - max)        (max and the sum per line: ops/softmax_stats.hpp)
+//   p = exp(x - max) / Σ exp(x - max)        (max and the sum per line: ops/detail/softmax_stats.hpp)
 //   softmax:      y = p                      backward: dx = p · (dy - Σ dy·p)
 //   log_softmax:  y = x - max - log Σ ...    backward: dx = dy - p · Σ dy
 //
@@ -15,7 +15,7 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/cuda/softmax.hpp"
-#include "tapegrad/ops/softmax_stats.hpp"
+#include "tapegrad/ops/detail/softmax_stats.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {

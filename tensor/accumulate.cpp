@@ -1,9 +1,9 @@
-#include "tapegrad/tensor/accumulate.hpp"
+#include "tapegrad/tensor/detail/accumulate.hpp"
 
 #include <utility>
 
 #include "tapegrad/tensor/eigen.hpp"
-#include "tapegrad/tensor/gpu/add.hpp"
+#include "tapegrad/tensor/gpu/detail/add.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {

@@ -2,7 +2,7 @@
 
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
-#include "tapegrad/tensor/gpu/cast.hpp"
+#include "tapegrad/tensor/gpu/detail/cast.hpp"
 #include "tapegrad/tensor/tensor.hpp"
 
 namespace tapegrad::detail {

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "tapegrad/tensor/core/op_scope.hpp"
-#include "tapegrad/tensor/generate.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
+#include "tapegrad/tensor/detail/generate.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
-#include "tapegrad/tensor/gpu/fill.hpp"
+#include "tapegrad/tensor/gpu/detail/fill.hpp"
 
 namespace tapegrad {
 

@@ -3,12 +3,12 @@
 // the same values up to that rounding, whatever the thread count. (One exception keeps rand_uniform half-open: a
 // value that rounding to T carried up to `high` becomes the largest T below `high`.)
 //
-// Across devices (the CPU and the GPU compute each element by the same formula, tensor/core/random_draws.hpp):
+// Across devices (the CPU and the GPU compute each element by the same formula, tensor/core/detail/random_draws.hpp):
 // - rand_uniform and rand_int give bitwise the same tensor on every device, in every dtype.
-// - randn draws z by Box-Muller with log, sqrt, cos and sin in double, rounded to f32 once (tensor/core/philox.hpp). The
-//   host's and CUDA's double functions differ by an ulp or two of a double, so a GPU's z equals the cpu's except
-//   where the two doubles straddle an f32 rounding boundary (a few elements per billion), and is then one f32 ulp
-//   away: within randn_ulp_bound. mean + stddev·z is one fma and one rounding to T on each side.
+// - randn draws z by Box-Muller with log, sqrt, cos and sin in double, rounded to f32 once
+//   (tensor/core/detail/philox.hpp). The host's and CUDA's double functions differ by an ulp or two of a double, so a
+//   GPU's z equals the cpu's except where the two doubles straddle an f32 rounding boundary (a few elements per
+//   billion), and is then one f32 ulp away: within randn_ulp_bound. mean + stddev·z is one fma and one rounding to T on each side.
 #pragma once
 
 #include <cstdint>

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "tapegrad/tensor/core/error.hpp"
-#include "tapegrad/tensor/core/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
-#include "tapegrad/tensor/small_blocks.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"  // for current_op, and it declares throw_host_out_of_memory
+#include "tapegrad/tensor/detail/small_blocks.hpp"
 
 namespace tapegrad {
 
@@ -101,7 +101,7 @@ class HostCache {
  public:
   void* allocate(std::size_t bytes) {
     const std::size_t size = block_size(bytes);
-    if (size <= detail::small_block_max) {  // the thread's own cache: no lock (tensor/small_blocks.hpp)
+    if (size <= detail::small_block_max) {  // the thread's own cache: no lock (tensor/detail/small_blocks.hpp)
       void* p = detail::small_block_allocate(size);
       if (p == nullptr) p = system_block(size, bytes);
       count_in_use(static_cast<std::int64_t>(bytes));

@@ -5,7 +5,7 @@
 // 2 MiB intermediate costs milliseconds before a single flop; a reused block is already mapped. Blocks of
 // `min_cached_bytes` and more are rounded up to a size class (2^k · {1, 1.25, 1.5, 1.75}: at most 25% slack) and on
 // release go to their class's free list while the cache holds at most `cache_limit` bytes. Blocks up to 1 KiB come
-// from the thread's small-block cache (tensor/small_blocks.hpp). Thread-safe.
+// from the thread's small-block cache (tensor/detail/small_blocks.hpp). Thread-safe.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "tapegrad/tensor/factories.hpp"
-#include "tapegrad/tensor/generate.hpp"
+#include "tapegrad/tensor/detail/generate.hpp"
 
 namespace tapegrad {
 

@@ -3,8 +3,8 @@
 // rounded once to T, so the bf16, f16 and f64 tensors of one seed equal the f32 tensor rounded to nearest, for
 // any thread count. Constants are rounded once from double. Semantics follow flax/JAX (jax.nn.initializers).
 //
-// On a GPU, make() computes every element by the CPU's formula (tensor/core/random_draws.hpp): constants and uniform
-// initializers (uniform, *_uniform) are bitwise the cpu's; normal ones are within randn's bound
+// On a GPU, make() computes every element by the CPU's formula (tensor/core/detail/random_draws.hpp): constants and
+// uniform initializers (uniform, *_uniform) are bitwise the cpu's; normal ones are within randn's bound
 // (tensor/factories.hpp); the truncated normal (truncated_normal and the *_normal variance scalings) takes one log
 // in erfinv, run in double and rounded to f32, so its standard draw equals the cpu's except where the two doubles
 // straddle an f32 rounding boundary; erfinv's polynomial then carries that one ulp to at most 3 ulps of z (checked

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "tapegrad/tensor/core/error.hpp"
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 
 namespace tapegrad {
 

@@ -1,4 +1,4 @@
-#include "tapegrad/tensor/small_blocks.hpp"
+#include "tapegrad/tensor/detail/small_blocks.hpp"
 
 #include <array>
 #include <cstdlib>

@@ -6,7 +6,7 @@
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 #include "tapegrad/tensor/host_memory.hpp"
-#include "tapegrad/tensor/small_blocks.hpp"
+#include "tapegrad/tensor/detail/small_blocks.hpp"
 
 namespace tapegrad {
 

@@ -1,6 +1,6 @@
 #include "tapegrad/tensor/tensor.hpp"
 
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 
 namespace tapegrad::detail {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "tapegrad/tensor/core/device.hpp"
-#include "tapegrad/tensor/core/device_checks.hpp"
+#include "tapegrad/tensor/core/detail/device_checks.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/dtype.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"  // (and with it the check that headers and library agree on CUDA)
@@ -24,8 +24,9 @@
 namespace tapegrad {
 
 namespace detail {
-// The bytes a tensor of `shape` and `dtype` takes; throws Error naming the op in scope (tensor/core/op_scope.hpp), the
-// shape and the dtype when that is more than memory can address (2^63 - 1 bytes), before anything is allocated.
+// The bytes a tensor of `shape` and `dtype` takes; throws Error naming the op in scope
+// (tensor/core/detail/op_scope.hpp), the shape and the dtype when that is more than memory can address (2^63 - 1
+// bytes), before anything is allocated.
 std::size_t tensor_bytes(const Shape& shape, DType dtype);
 [[noreturn]] void throw_undefined_tensor(std::string_view op, std::string_view what);
 [[noreturn]] void throw_flat_index(std::int64_t index, const Shape& shape);

@@ -12,7 +12,7 @@ using test::exact;
 using test::Domain;
 
 namespace {
-// Plain double formulas, written independently of tensor/core/activation_math.hpp.
+// Plain double formulas, written independently of cuda/detail/activation_math.hpp.
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
 double gelu_ref(double x) { return x * 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 double gelu_tanh_ref(double x) {
@@ -75,7 +75,7 @@ double squared_positive_part(double x) { return positive_part(x) * positive_part
 double twice_positive_part(double x) { return 2 * positive_part(x); }
 
 // `got` is `expected` exactly where that is infinite, and otherwise within 1e-6: exact for the activations of
-// ops/activation_arrays.hpp (and so for every large finite value), the slack being for Eigen's f32 tanh and
+// ops/detail/activation_arrays.hpp (and so for every large finite value), the slack being for Eigen's f32 tanh and
 // logistic, which may saturate short of ±1 and 0.
 void check_limit(double got, double expected) {
   CHECK_FALSE(std::isnan(got));

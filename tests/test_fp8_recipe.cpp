@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tapegrad/ops/fp8_quantize.hpp"
+#include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;

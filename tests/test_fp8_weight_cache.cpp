@@ -1,4 +1,4 @@
-// The fp8 weight cache (ops/fp8_weight_cache.hpp) on the CPU: micro-batches after the first reuse the weights'
+// The fp8 weight cache (ops/fp8/weight_cache.hpp) on the CPU: micro-batches after the first reuse the weights'
 // copies (bitwise the results of quantizing them again where the scale is the same), delayed scaling records no
 // amax for a weight it did not quantize, another tensor is quantized afresh, a change in place shows only after
 // clear(); modules with `.fp8_weight_cache` clear theirs on parameters_changed() and load_state_dict.

@@ -1,9 +1,9 @@
-// Block scaling on the GPU (ops/fp8.hpp's BlockScaling). Quantization (cuda/fp8_block_quantize.hpp): in 1×128 tiles
-// (the codes, and their transpose in 128×1 tiles of x) and in 128×128 blocks, from f32, bf16 and f16 of odd sizes,
-// every code times its tile's scale bitwise the CPU's block_quantized, the scales laid out as cuBLASLt reads them
-// (padding included), a tile holding a NaN or an infinity read as NaN. Products through cuBLASLt's block-scaled
-// modes (cuda::gemm with Fp8Scaling) against the product of the same dequantized values in double, with the
-// tolerances of tests/fp8_sums.hpp; the combinations no kernel takes refused by name.
+// Block scaling on the GPU (ops/fp8/recipe.hpp's BlockScaling). Quantization (cuda/fp8_block_quantize.hpp): in 1×128
+// tiles (the codes, and their transpose in 128×1 tiles of x) and in 128×128 blocks, from f32, bf16 and f16 of odd
+// sizes, every code times its tile's scale bitwise the CPU's block_quantized, the scales laid out as cuBLASLt reads
+// them (padding included), a tile holding a NaN or an infinity read as NaN. Products through cuBLASLt's block-scaled
+// modes (cuda::gemm with Fp8Scaling) against the product of the same dequantized values in double, with the tolerances
+// of tests/fp8_sums.hpp; the combinations no kernel takes refused by name.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -17,7 +17,7 @@
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
-#include "tapegrad/ops/fp8_quantize.hpp"
+#include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;

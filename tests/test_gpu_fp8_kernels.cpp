@@ -21,8 +21,8 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
-#include "tapegrad/ops/activation_table.hpp"
-#include "tapegrad/ops/fp8_quantize.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
+#include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -214,7 +214,7 @@ TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of it
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
-    const MlpActivation form = detail::activation_form({.activation = activation});
+    const ActivationForm form = detail::mlp::activation_form({.activation = activation});
     // F 136: whole packs; 37: single elements.
     for (const std::int64_t F : {std::int64_t{136}, std::int64_t{37}}) {
       CAPTURE(F);
@@ -228,7 +228,7 @@ TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of it
       cuda::fp8_quantize({.dtype = DType::bf16, .x = a.data(), .rows = rows, .cols = F, .scale = scale.data(),
                           .codes = separate.data(), .amax = amax.data()},
                          0);
-      const cuda::MlpActivationCodes codes{fused.data(), scale.data(), amax.data() + 1};
+      const cuda::ActivationCodes codes{fused.data(), scale.data(), amax.data() + 1};
       cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), nullptr, rows, F, &codes);
       CHECK(test::bitwise_equal(fused.to(host), separate.to(host)));
       const Tensor<float> amaxes = amax.to(host);
@@ -243,7 +243,7 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu,
                                 Activation::clamped_swiglu}) {
-    const MlpActivation form = detail::activation_form({.activation = activation});
+    const ActivationForm form = detail::mlp::activation_form({.activation = activation});
     const std::int64_t width = activation_width(activation);
     // 45 rows: a transpose padded to 48, tiles cut short; 272 rows, F 144: several tiles and chunks each way.
     for (const auto& [rows, F] : {std::pair<std::int64_t, std::int64_t>{45, 144}, {272, 80}, {0, 16}}) {
@@ -316,7 +316,7 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
   }
   const Tensor<bf16> z(Shape{4, 24}, gpu);
   const Tensor<float> scale = full<float>({1}, 1.0).to(gpu);
-  CHECK_THROWS_WITH_AS(cuda::mlp_activation_backward_codes(DType::bf16, 0, detail::activation_form({}), z.data(),
+  CHECK_THROWS_WITH_AS(cuda::mlp_activation_backward_codes(DType::bf16, 0, detail::mlp::activation_form({}), z.data(),
                                                            z.data(), {.dz_scale = scale.data()}, 4, 24),
                        doctest::Contains("the fused backward needs F (24) in a multiple of 16"), Error);
 }

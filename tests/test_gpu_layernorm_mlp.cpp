@@ -225,7 +225,7 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU takes a single row and no rows", T,
   }
 }
 
-// H 13 and ffn 37 take the padded path (ops/layernorm_mlp_gpu.hpp) in every dtype.
+// H 13 and ffn 37 take the padded path (ops/layernorm_mlp/detail/gpu_steps.hpp) in every dtype.
 TEST_CASE_TEMPLATE("layernorm_mlp on the GPU gives bitwise the same output and gradients on every run and policy", T,
                    TAPEGRAD_GPU_DTYPES) {
   for (Activation act : {Activation::gelu, Activation::swiglu, Activation::clamped_swiglu}) {

@@ -15,7 +15,7 @@
 #include "tapegrad/cuda/row_copy.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "gpu_reference.hpp"
-#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 

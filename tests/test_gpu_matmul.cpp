@@ -8,10 +8,10 @@
 #include <cmath>
 
 #include "tapegrad/cuda/blaslt.hpp"
-#include "tapegrad/tensor/core/activation_math.hpp"
+#include "tapegrad/cuda/detail/activation_math.hpp"
 #include "tapegrad/tensor/gpu/device.hpp"
 #include "gpu_reference.hpp"
-#include "tapegrad/ops/gemm.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
 
 using namespace tapegrad;
 using test::check_against_cpu;

@@ -1,6 +1,6 @@
 // Optimizers on the GPU: several steps of SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW on
 // parameters of every dtype and of empty, one-element, odd and large sizes, against the same optimizer on the cpu
-// in that dtype (bitwise: both apply tensor/core/update_rules.hpp with the same roundings) and against the cpu in
+// in that dtype (bitwise: both apply cuda/detail/update_rules.hpp with the same roundings) and against the cpu in
 // double; bf16 parameters keep f32 state; devices of parameters, gradients and state are checked.
 #include <doctest/doctest.h>
 

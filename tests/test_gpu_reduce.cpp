@@ -10,8 +10,8 @@
 
 #include "tapegrad/cuda/partial_sums.hpp"
 #include "gpu_reference.hpp"
-#include "tapegrad/ops/axes.hpp"
-#include "tapegrad/ops/broadcast.hpp"
+#include "tapegrad/ops/detail/axes.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 

@@ -8,7 +8,7 @@
 
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
-#include "tapegrad/tensor/core/truncated_normal.hpp"
+#include "tapegrad/tensor/core/detail/truncated_normal.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

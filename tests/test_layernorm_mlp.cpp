@@ -9,7 +9,7 @@
 
 #include "mlp_cases.hpp"
 #include "support.hpp"
-#include "tapegrad/ops/layernorm_mlp_check.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/check.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -383,7 +383,7 @@ TEST_CASE("layernorm_mlp and its composite refuse the same arguments with the sa
 TEST_CASE("layernorm_mlp refuses a scratch tensor too large to address before allocating anything") {
   const Shape x{std::int64_t{1} << 40, 2}, gamma{2}, w1{2, 1, std::int64_t{1} << 30}, w2{std::int64_t{1} << 30, 2};
   const std::int64_t before = host_memory_stats().in_use_bytes;
-  CHECK_THROWS_WITH_AS(detail::check_mlp_arguments("layernorm_mlp", {x, gamma, nullptr, w1, nullptr, w2, nullptr},
+  CHECK_THROWS_WITH_AS(detail::mlp::check_arguments("layernorm_mlp", {x, gamma, nullptr, w1, nullptr, w2, nullptr},
                                                    DType::f32, {}),
                        doctest::Contains("layernorm_mlp: the dimensions [1099511627776, 1073741824] multiply to more "
                                          "than 2^63 - 1 elements"),

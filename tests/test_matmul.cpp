@@ -1,8 +1,8 @@
 #include <doctest/doctest.h>
 
-#include "tapegrad/ops/broadcast.hpp"
-#include "tapegrad/ops/gemm.hpp"
-#include "tapegrad/ops/gemm_choice.hpp"
+#include "tapegrad/ops/detail/broadcast.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
+#include "tapegrad/ops/detail/gemm_choice.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 

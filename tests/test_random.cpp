@@ -6,7 +6,7 @@
 
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
-#include "tapegrad/tensor/core/philox.hpp"
+#include "tapegrad/tensor/core/detail/philox.hpp"
 
 using namespace tapegrad;
 using test::bitwise_equal;

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tapegrad/ops/axes.hpp"
+#include "tapegrad/ops/detail/axes.hpp"
 #include "reference.hpp"
 #include "tapegrad/tapegrad.hpp"
 

@@ -1,7 +1,7 @@
 // safetensors files (tensor/io/safetensors.hpp): every dtype round-trips bitwise through a file and through memory,
 // the bytes are the format's to the byte, the mapped reader hands out one tensor at a time, every kind of broken
 // or hostile file is refused with an Error naming the file and the problem, and a writer killed mid-write leaves the
-// old file whole (tensor/io/atomic_file.hpp).
+// old file whole (tensor/io/detail/atomic_file.hpp).
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,7 +17,7 @@
 
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
-#include "tapegrad/tensor/io/atomic_file.hpp"
+#include "tapegrad/tensor/io/detail/atomic_file.hpp"
 #include "tapegrad/tensor/io/safetensors.hpp"
 
 using namespace tapegrad;

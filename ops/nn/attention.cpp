@@ -10,7 +10,7 @@
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
-#include "tapegrad/tensor/gpu/fill.hpp"
+#include "tapegrad/tensor/gpu/detail/fill.hpp"
 
 namespace tapegrad::nn {
 

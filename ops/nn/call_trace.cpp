@@ -1,4 +1,4 @@
-#include "tapegrad/ops/nn/call_trace.hpp"
+#include "tapegrad/ops/nn/detail/call_trace.hpp"
 
 namespace tapegrad::nn {
 

@@ -4,7 +4,7 @@
 //   nn::Dense<f32, bf16> proj(128, {.features = 512}, /*seed=*/0);  // f32 kernel and bias, computes in bf16
 //   Var<bf16> y = proj(x);  // x [..., 128] in any dtype -> bf16 [..., 512]
 //
-// With an fp8 recipe (`.fp8 = fp8::DelayedScaling{}`) the projection is fp8_dense (ops/fp8_dense.hpp): its products
+// With an fp8 recipe (`.fp8 = fp8::DelayedScaling{}`) the projection is fp8_dense (ops/fp8/dense.hpp): its products
 // read FP8 values, the kernel quantized from P itself; the module owns delayed scaling's state.
 #pragma once
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/fp8_dense.hpp"
-#include "tapegrad/ops/nn/fp8_module.hpp"
+#include "tapegrad/ops/fp8/dense.hpp"
+#include "tapegrad/ops/nn/detail/fp8_module.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
 #include "tapegrad/ops/nn/module.hpp"
 
@@ -27,7 +27,7 @@ struct DenseConfig {
   Initializer kernel_init = Initializer::lecun_normal();  // fan_in = in
   Initializer bias_init = Initializer::zeros();
   std::optional<fp8::Recipe> fp8{};  // none: an unquantized product; the module owns delayed scaling's state
-  // With fp8: keep the kernel's fp8 copy from forward to forward (micro-batches, ops/fp8_weight_cache.hpp) until
+  // With fp8: keep the kernel's fp8 copy from forward to forward (micro-batches, ops/fp8/weight_cache.hpp) until
   // the module's parameters_changed().
   bool fp8_weight_cache = false;
 };

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
 #include "tapegrad/ops/nn/module.hpp"
 

@@ -1,10 +1,10 @@
 // nn::LayerNormMLP: the transformer's norm-and-MLP block as one module over the fused layernorm_mlp op
-// (ops/layernorm_mlp.hpp), with TransformerEngine's parameter names:
+// (ops/layernorm_mlp/layernorm_mlp.hpp), with TransformerEngine's parameter names:
 //   scale [H], ln_bias [H] (layernorm with use_bias), wi_kernel [H, n, F], wi_bias [n, F], wo_kernel [F, H],
 //   wo_bias [H], where n = 2 for gated activations and F = intermediate_dim.
 // layernorm_mlp takes the parameters in P as they are (each gradient comes back in P) and rounds the kernels to the
-// compute dtype itself; only x is cast here. With an fp8 recipe the node quantizes its products' inputs (ops/fp8.hpp);
-// the parameters stay in P.
+// compute dtype itself; only x is cast here. With an fp8 recipe the node quantizes its products' inputs
+// (ops/fp8/recipe.hpp); the parameters stay in P.
 //
 //   nn::LayerNormMLP<f32, bf16> mlp(128, {.intermediate_dim = 512, .activation = Activation::swiglu}, 0);
 //   Var<bf16> y = mlp(x);  // x [..., 128] -> [..., 128]
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "tapegrad/ops/fp8.hpp"
-#include "tapegrad/ops/nn/fp8_module.hpp"
-#include "tapegrad/ops/layernorm_mlp.hpp"
+#include "tapegrad/ops/fp8/recipe.hpp"
+#include "tapegrad/ops/nn/detail/fp8_module.hpp"
+#include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/layer_norm.hpp"
 
 namespace tapegrad::nn {
@@ -31,7 +31,7 @@ struct LayerNormMLPConfig {
   Initializer bias_init = Initializer::zeros();
   Recompute recompute = Recompute::save_all;
   std::optional<fp8::Recipe> fp8{};  // none: unquantized products; the module owns delayed scaling's state
-  // With fp8: keep the kernels' fp8 copies from forward to forward (micro-batches, ops/fp8_weight_cache.hpp) until
+  // With fp8: keep the kernels' fp8 copies from forward to forward (micro-batches, ops/fp8/weight_cache.hpp) until
   // the module's parameters_changed().
   bool fp8_weight_cache = false;
   // Tensor parallelism over the communicator's ranks (LayerNormMLPOptions::tensor_parallel): the module holds its

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "tapegrad/ops/layout.hpp"
-#include "tapegrad/ops/nn/load_problems.hpp"
+#include "tapegrad/ops/nn/detail/load_problems.hpp"
 
 namespace tapegrad::nn {
 

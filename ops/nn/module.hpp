@@ -30,7 +30,7 @@
 #include <variant>
 #include <vector>
 
-#include "tapegrad/ops/nn/call_trace.hpp"
+#include "tapegrad/ops/nn/detail/call_trace.hpp"
 #include "tapegrad/ops/nn/parameter.hpp"
 #include "tapegrad/tensor/initializers.hpp"
 #include "tapegrad/tensor/io/safetensors.hpp"

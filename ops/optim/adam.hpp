@@ -6,7 +6,7 @@
 //   m = β₁·m + (1 - β₁)·g,   v = β₂·v + (1 - β₂)·g²
 //   p = p - (lr / (1 - β₁ᵗ)) · m / (sqrt(v) / sqrt(1 - β₂ᵗ) + eps)
 //
-// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: tensor/core/update_rules.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: cuda/detail/update_rules.hpp.
 #pragma once
 
 #include "tapegrad/ops/optim/optimizer.hpp"

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "tapegrad/cuda/optim.hpp"
-#include "tapegrad/ops/nn/load_problems.hpp"
+#include "tapegrad/ops/nn/detail/load_problems.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"

@@ -9,7 +9,7 @@
 //
 // Parameters may live on any device, each with its gradient on the same device; the state is created on the
 // parameter's device. On a GPU each parameter's update is one fused kernel that applies the same per-element rule
-// as the CPU loop (tensor/core/update_rules.hpp), so both give bitwise the same parameters and state. Move a module's
+// as the CPU loop (cuda/detail/update_rules.hpp), so both give bitwise the same parameters and state. Move a module's
 // parameters to their device before the optimizer's first step: state made on one device is not moved to another.
 #pragma once
 
@@ -26,7 +26,7 @@
 
 #include "tapegrad/ops/nn/module.hpp"
 #include "tapegrad/ops/nn/parameter.hpp"
-#include "tapegrad/tensor/core/update_rules.hpp"
+#include "tapegrad/cuda/detail/update_rules.hpp"
 
 namespace tapegrad::optim {
 

@@ -5,7 +5,7 @@
 //   g = nesterov ? g + momentum·b : b              (only when momentum != 0)
 //   p = p - lr·g
 //
-// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: tensor/core/update_rules.hpp.
+// State precision, devices and skipped parameters: ops/optim/optimizer.hpp; the rule: cuda/detail/update_rules.hpp.
 #pragma once
 
 #include "tapegrad/ops/optim/optimizer.hpp"

@@ -3,7 +3,7 @@
 #include <charconv>
 #include <ostream>
 
-#include "tapegrad/tensor/core/device_checks.hpp"
+#include "tapegrad/tensor/core/detail/device_checks.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad {

@@ -15,7 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tapegrad/tensor/core/host_device.hpp"
+#include "tapegrad/tensor/core/detail/host_device.hpp"
 
 namespace tapegrad::fp8 {
 
@@ -55,6 +55,10 @@ TAPEGRAD_HOST_DEVICE inline float delayed_scale(float amax, float previous, floa
 
 // Current scaling: max / amax of the tensor itself; 1 for a tensor of zeros.
 TAPEGRAD_HOST_DEVICE inline float current_scale(float amax, float max) { return delayed_scale(amax, 1.0f, max, 0.0f); }
+
+// Block scaling's tiles: 1 × block_tile of activations and gradients along a product's inner dimension, block_tile ×
+// block_tile of weights (DeepSeek-V3's, and the only sizes Hopper's block-scaled GEMMs take).
+inline constexpr int block_tile = 128;
 
 // Block scaling: the largest power of two not above max / amax (dequantization is then exact); 1 for zeros.
 TAPEGRAD_HOST_DEVICE inline float block_scale(float amax, float max) {

@@ -1,4 +1,4 @@
-#include "tapegrad/tensor/core/op_scope.hpp"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 
 #include "tapegrad/tensor/core/error.hpp"
 

@@ -1,12 +1,12 @@
-// The collectives' common steps: the ranks agree on the call (tensor/dist/fingerprint.hpp), the arguments are checked
-// (consistently on every rank, since they now agree), then the group runs it on host memory or its GPU link.
+// The collectives' common steps: the ranks agree on the call (tensor/dist/detail/fingerprint.hpp), the arguments are
+// checked (consistently on every rank, since they now agree), then the group runs it on host memory or its GPU link.
 #include "tapegrad/tensor/dist/communicator.hpp"
 
-#include "tapegrad/tensor/dist/fingerprint.hpp"
-#include "tapegrad/tensor/dist/group.hpp"
+#include "tapegrad/tensor/dist/detail/fingerprint.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
-#include "tapegrad/tensor/gpu/side_stream.hpp"
+#include "tapegrad/tensor/gpu/detail/side_stream.hpp"
 
 namespace tapegrad::dist {
 

@@ -1,4 +1,4 @@
-#include "tapegrad/tensor/dist/fingerprint.hpp"
+#include "tapegrad/tensor/dist/detail/fingerprint.hpp"
 
 #include <map>
 #include <sstream>

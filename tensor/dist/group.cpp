@@ -1,4 +1,4 @@
-#include "tapegrad/tensor/dist/group.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
 
 #include <atomic>
 

@@ -12,9 +12,9 @@
 #include <sstream>
 #include <thread>
 
-#include "tapegrad/tensor/dist/fingerprint.hpp"
-#include "tapegrad/tensor/dist/group.hpp"
-#include "tapegrad/tensor/dist/nccl_link.hpp"
+#include "tapegrad/tensor/dist/detail/fingerprint.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
+#include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 #include "tapegrad/tensor/dtype.hpp"
 
 namespace tapegrad::dist::detail {

@@ -3,7 +3,7 @@
 // NCCL's asynchronous error every 50 ms: a collective older than the timeout, or an error NCCL reports (a peer that
 // died), aborts the NCCL communicator (its kernels then return, so no stream waits forever) and fails the group,
 // whose next call throws CommunicationError naming it.
-#include "tapegrad/tensor/dist/nccl_link.hpp"
+#include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "tapegrad/tensor/gpu/check.cuh"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::dist::detail {
 

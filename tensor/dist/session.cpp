@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "tapegrad/tensor/dist/group.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
 
 namespace tapegrad::dist {
 

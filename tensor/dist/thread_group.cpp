@@ -8,9 +8,9 @@
 #include <mutex>
 #include <sstream>
 
-#include "tapegrad/tensor/dist/fingerprint.hpp"
-#include "tapegrad/tensor/dist/group.hpp"
-#include "tapegrad/tensor/dist/nccl_link.hpp"
+#include "tapegrad/tensor/dist/detail/fingerprint.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
+#include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 #include "tapegrad/tensor/dtype.hpp"
 
 namespace tapegrad::dist::detail {

@@ -1,5 +1,5 @@
 // A build without MPI: the API is there, and using it says why it cannot run.
-#include "tapegrad/tensor/dist/group.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
 
 namespace tapegrad::dist {
 

@@ -1,5 +1,5 @@
 // A build without NCCL (or without CUDA): CUDA tensors have no collectives.
-#include "tapegrad/tensor/dist/nccl_link.hpp"
+#include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 
 namespace tapegrad::dist::detail {
 

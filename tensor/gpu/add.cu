@@ -1,7 +1,7 @@
 // A grid-stride loop, a pack of 16 bytes per step where the three arrays allow it.
-#include "tapegrad/tensor/gpu/add.hpp"
+#include "tapegrad/tensor/gpu/detail/add.hpp"
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,5 +1,5 @@
 // Device memory during graph capture (see capture_memory.hpp).
-#include "tapegrad/tensor/gpu/capture_memory.hpp"
+#include "tapegrad/tensor/gpu/detail/capture_memory.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/device.hpp"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::cuda {
 

@@ -4,13 +4,13 @@
 // hardware's conversions, whose NaN results need not be the CPU's (which are a mix of x86's and Eigen's rules). FP8
 // values go through tensor/core/fp8.hpp's functions, the CPU's own: to fp8 from the exact f64 value, from fp8 by way
 // of the exact f32 value.
-#include "tapegrad/tensor/gpu/cast.hpp"
+#include "tapegrad/tensor/gpu/detail/cast.hpp"
 
 #include <cstring>
 #include <type_traits>
 
 #include "tapegrad/tensor/core/fp8.hpp"
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <vector>
 
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 
 namespace tapegrad::cuda {
 

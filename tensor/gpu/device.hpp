@@ -19,7 +19,7 @@ int multiprocessor_count(int index);
 int l2_cache_bytes(int index);
 
 // Whether a kernel may be launched to start while the one before it finishes (programmatic dependent launch:
-// compute capability 9.0 and up; see launch_overlapped in tensor/gpu/launch.cuh).
+// compute capability 9.0 and up; see launch_overlapped in tensor/gpu/detail/launch.cuh).
 bool overlaps_launches(int index);
 
 }  // namespace tapegrad::cuda

@@ -1,6 +1,6 @@
-#include "tapegrad/tensor/gpu/fill.hpp"
+#include "tapegrad/tensor/gpu/detail/fill.hpp"
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

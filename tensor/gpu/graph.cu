@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <exception>
 
-#include "tapegrad/tensor/gpu/capture_memory.hpp"
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/gpu/detail/capture_memory.hpp"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/memory.hpp"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::cuda {
 

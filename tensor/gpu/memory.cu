@@ -10,11 +10,11 @@
 #include <mutex>
 #include <vector>
 
-#include "tapegrad/tensor/core/op_scope.hpp"
-#include "tapegrad/tensor/gpu/capture_memory.hpp"
-#include "tapegrad/tensor/gpu/check.cuh"
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
+#include "tapegrad/tensor/gpu/detail/capture_memory.hpp"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/device.hpp"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,11 +1,11 @@
 // Random fills: one thread per element, each evaluating its element's draw from (seed, index) alone, so no thread
 // depends on another and the result does not depend on the grid. (Each element computes the whole Philox block it
 // takes 32 bits from, as the CPU does: fills are rare next to training, and this keeps the formula shared.)
-#include "tapegrad/tensor/gpu/random.hpp"
+#include "tapegrad/tensor/gpu/detail/random.hpp"
 
 #include <type_traits>
 
-#include "tapegrad/tensor/gpu/launch.cuh"
+#include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
 

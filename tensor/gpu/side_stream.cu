@@ -1,9 +1,9 @@
-#include "tapegrad/tensor/gpu/side_stream.hpp"
+#include "tapegrad/tensor/gpu/detail/side_stream.hpp"
 
 #include <map>
 
-#include "tapegrad/tensor/gpu/check.cuh"
-#include "tapegrad/tensor/gpu/on_device.cuh"
+#include "tapegrad/tensor/gpu/detail/check.cuh"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
 
 namespace tapegrad::cuda {
 

@@ -1,4 +1,4 @@
-#include "tapegrad/tensor/io/atomic_file.hpp"
+#include "tapegrad/tensor/io/detail/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

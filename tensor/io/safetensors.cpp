@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "tapegrad/tensor/core/error.hpp"
-#include "tapegrad/tensor/io/atomic_file.hpp"
+#include "tapegrad/tensor/io/detail/atomic_file.hpp"
 
 namespace tapegrad::safetensors {
 

@@ -1,0 +1,62 @@
+#include "tapegrad/ops/fp8/detail/dense_gpu.hpp"
+
+namespace tapegrad::detail {
+
+template <class T, class P>
+Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const Tensor<T>& x,
+                               const Tensor<P>& kernel, const Tensor<P>* bias) {
+  const Device device = x.device();
+  s.quantizer = DeviceQuantizer<T>("fp8_dense", q, device);  // (delayed scaling: ends the state's previous step first)
+  s.M = x.dim(0);
+  s.K = x.dim(1);
+  s.N = kernel.dim(1);
+  s.padded_K = s.quantizer.padded(s.K);
+  s.padded_N = s.quantizer.padded(s.N);
+  const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;
+  Resizes<T> pads;
+  s.kernel = s.quantizer.weight(fp8::Role::kernel1, kernel, Shape{s.K, s.N}, Shape{K, N}, pads);
+  const Tensor<T> xp = pads.add(x, Shape{M, K});
+  const Tensor<T> b = bias ? pads.add(cast<T>(*bias), Shape{N}) : Tensor<T>();
+  pads.run();
+  const DeviceOperand<T> xq =
+      s.quantizer.input(fp8::Role::input, {xp}, {.columns = true, .rows = true}, Pass::first);
+  Tensor<T> y(Shape{M, N}, device);
+  s.quantizer.product(xq, s.kernel, Transpose::no, M, N, K, y.data(), bias ? b.data() : nullptr, 0.0, true);
+  s.x = xq.weight_gradient_layout();
+  return resized(y, Shape{M, s.N});
+}
+
+template <class T, class P>
+DeviceDenseGrads<T, P> device_dense_backward(const DeviceDense<T>& s, const Tensor<T>& dy, bool need_x,
+                                             bool need_kernel, bool need_bias) {
+  const Device device = dy.device();
+  const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;
+  DeviceDenseGrads<T, P> g;
+  if (need_bias) g.db = column_sums<P>(dy, s.N, Shape{s.N});
+  if (!need_x && !need_kernel) return g;
+  const DeviceOperand<T> dyq = s.quantizer.input(fp8::Role::grad_output, {resized(dy, Shape{M, N})},
+                                                 {.columns = need_x, .rows = need_kernel}, Pass::first);
+  Resizes<T> crops;  // dx and dkernel cropped in one launch
+  if (need_x) {
+    Tensor<T> dx(Shape{M, K}, device);
+    s.quantizer.product(dyq, s.kernel, Transpose::yes, M, K, N, dx.data(), nullptr, 0.0, false);
+    g.dx = crops.add(dx, Shape{M, s.K});
+  }
+  if (need_kernel) g.dkernel = s.quantizer.template weight_gradient<P>(s.x, dyq, Shape{s.K, s.N}, Shape{K, N}, &crops);
+  crops.run();
+  return g;
+}
+
+#define TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, P)                                                            \
+  template Tensor<T> device_dense_forward<T, P>(DeviceDense<T>&, const Fp8Quantization&, const Tensor<T>&,        \
+                                                const Tensor<P>&, const Tensor<P>*);                              \
+  template DeviceDenseGrads<T, P> device_dense_backward<T, P>(const DeviceDense<T>&, const Tensor<T>&, bool, bool, \
+                                                              bool);
+#define TAPEGRAD_INSTANTIATE_DEVICE_DENSE(T)                    \
+  TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, float)            \
+  TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, double)           \
+  TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, ::tapegrad::bf16) \
+  TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, ::tapegrad::f16)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_DEVICE_DENSE)
+
+}  // namespace tapegrad::detail

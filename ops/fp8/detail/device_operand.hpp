@@ -1,0 +1,222 @@
+// What a GPU product reads of a tensor, a DeviceOperand: its values in T or, quantized by an fp8 recipe, its fp8 codes
+// on the device with their scales; the recipes' policies on the GPU (DeviceRecipe); and the DeviceQuantizer, which
+// makes each operand as its recipe says and multiplies operands with cuBLASLt. The CPU's counterpart, whose bits these
+// follow: ops/fp8/detail/operand.hpp. Internal to ops/.
+//
+// A step's scales live on the device, per role: delayed scaling's come from its state when the step starts; current
+// scaling makes each from the tensor's amax there (no wait for the device). Delayed scaling's amaxes are taken by the
+// quantization's own pass and reach the state when the step ends (ScalingState::record_later); it knows each scale
+// before the tensor exists, so a kernel that makes a tensor can write its codes itself (DeviceRecipe::target).
+// Hopper's FP8 kernels read both operands along the inner dimension, so a tensor that one product sums over its
+// columns and another over its rows is written twice by one pass: its codes and their transpose (TransformerEngine's
+// cast + transpose). Block scaling's tiles follow each product's inner dimension, so the two layouts have scales of
+// their own, made by the same pass (cuda/fp8_block_quantize.hpp), read by cuBLASLt's block-scaled modes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/ops/detail/device_tensors.hpp"
+#include "tapegrad/ops/fp8/detail/operand.hpp"
+#include "tapegrad/ops/fp8/recipe.hpp"
+#include "tapegrad/ops/detail/gemm.hpp"
+#include "tapegrad/tensor/storage.hpp"
+#include "tapegrad/tensor/tensor.hpp"
+
+namespace tapegrad::detail {
+
+// The fp8 codes of one [rows, cols] row-major matrix on the device, its transpose [cols, transposed_ld] (zero past
+// `rows`, which it rounds up to cuda::fp8_row_alignment, with block scaling to whole tiles), or both, and the
+// dequantization scale its role has in the step; with block scaling, each layout's tiles' scales instead (laid out as
+// cuda/blaslt.hpp's `scaling` says), and the codes' rows `code_rows` (zero past `rows`): cuBLASLt's block-scaled
+// products read an operand's 1×128 scales in rows of exactly its row count, which must keep them 16-byte aligned, a
+// multiple of 4.
+struct Fp8Codes {
+  DType format = DType::f8e4m3;
+  std::shared_ptr<Storage> codes, transposed;
+  std::int64_t rows = 0, cols = 0, code_rows = 0, transposed_ld = 0;
+  const float* scale_inv = nullptr;
+  Tensor<float> scalars;  // what scale_inv points into, kept with the codes (a weight cache keeps them past the step)
+  cuda::Fp8Scaling scaling = cuda::Fp8Scaling::tensor;
+  std::shared_ptr<Storage> scales, transposed_scales;
+};
+
+// Which of an input's two layouts a product reads.
+enum class Fp8Layout : bool { codes, transposed };
+
+template <class T> struct DeviceOperand {
+  DeviceOperand() = default;
+  DeviceOperand(Tensor<T> values_) : values(std::move(values_)) {}  // (implicit: values are an operand)
+  DeviceOperand(Fp8Codes codes_) : codes(std::move(codes_)) {}
+
+  bool defined() const { return values.defined() || codes.codes || codes.transposed; }
+  bool quantized() const { return !values.defined(); }
+  // The layout a weight gradient reads, alone: what a forward keeps of an input for the backward.
+  DeviceOperand weight_gradient_layout() const {
+    DeviceOperand out = *this;
+    out.codes.codes.reset();
+    out.codes.scales.reset();
+    return out;
+  }
+
+  Tensor<T> values;  // unquantized
+  Fp8Codes codes;    // quantized: `codes` read along the columns, `transposed` along the rows
+};
+
+// Where the kernel that makes a tensor writes its codes itself: the codes, the scale to quantize by, and, on the
+// pass's first quantization of the role, the amax to merge |x| into (recorded as quantize records it; else null).
+struct Fp8Target {
+  Fp8Codes codes;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+};
+
+// How a recipe quantizes on the GPU (ops/fp8/recipe.hpp describes the recipes; device_operand.cpp has one policy each).
+class DeviceRecipe {
+ public:
+  virtual ~DeviceRecipe() = default;
+  const Fp8Quantization& quantization() const { return q_; }
+  Device device() const { return device_; }
+
+  // x [rows, cols] (f32, bf16 or f16 on the device) quantized for `role`, in the layouts asked for (codes for
+  // `columns`, the transpose for `rows`). A pass's first quantization of a tensor makes the role's scale from its amax
+  // (current scaling) or records its amax (delayed); a later one (the backward's, a recompute's) uses the step's scale.
+  virtual Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
+                            Layouts layouts, Pass pass) const = 0;
+  // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the
+  // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads).
+  virtual std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                                          Pass pass) const;
+  // What the recipe's products need an operand's rows and inner size to be a multiple of.
+  virtual std::int64_t granule() const { return cuda::fp8_row_alignment; }
+
+  // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless null)
+  // where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with fewer
+  // bits between partial sums where the quantization's fast_forward_accumulation asks for it, per-tensor scales only).
+  void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
+               std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
+               bool forward) const;
+
+ protected:
+  DeviceRecipe(std::string_view op, const Fp8Quantization& q, Device device) : op_(op), q_(q), device_(device) {}
+  std::shared_ptr<Storage> bytes(std::int64_t count) const;
+  DType format_of(fp8::Role role) const;
+
+  std::string_view op_;
+  Fp8Quantization q_;
+  Device device_;
+};
+
+// The policy of q's recipe, starting op's step on `device` (delayed scaling first ends the state's previous one), for
+// a recipe and dtype that check_fp8_on_device has let through. `op` names it in errors.
+std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device);
+
+// out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null) over values, row-major: A stored [M, K], or
+// [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute
+// type (the f32 accumulation of 16-bit products rounded once to f32). With gelu_input, out = GELU of the sum and the
+// sum goes to gelu_input (cuBLASLt's GELU_AUX_BIAS epilogue).
+template <class T>
+void values_product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
+                    std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false,
+                    void* gelu_input = nullptr) {
+  cuda::gemm({.dtype = dtype_v<T>,
+              .M = M,
+              .N = N,
+              .K = K,
+              .a = {a.data(), transpose_a ? M : K, 0, transpose_a},
+              .b = {b.data(), transpose_b ? K : N, 0, transpose_b},
+              .c = {out, N, 0},
+              .beta = beta,
+              .bias = bias,
+              .gelu_input = gelu_input,
+              .wide_output = wide},
+             a.device().index);
+}
+
+// Makes an op's operands on the GPU: the values themselves without quantization, else as the recipe's policy
+// quantizes them; and multiplies them.
+template <class T> class DeviceQuantizer {
+ public:
+  DeviceQuantizer() = default;  // no quantization
+  DeviceQuantizer(std::string_view op, const std::optional<Fp8Quantization>& q, Device device)
+      : recipe_(q ? device_recipe(op, *q, device) : nullptr) {}
+
+  // n rounded up to what a product needs of an operand's rows and inner size: 16 bytes of T (cuBLASLt's TMA kernels
+  // need 16-byte aligned rows; without them it falls back to kernels ~3× slower), of fp8 codes, or whole tiles.
+  std::int64_t padded(std::int64_t n) const {
+    const std::int64_t granule = recipe_ ? recipe_->granule() : 16 / static_cast<std::int64_t>(sizeof(T));
+    return (n + granule - 1) / granule * granule;
+  }
+
+  // Weight `role` [shape] (in P) padded to `padded`, as the products read it: rounded to T (its padding queued on
+  // `pads`), or quantized in both layouts from P itself where the kernels read it (as the CPU quantizes it), f64 by
+  // way of f32 (which is what the CPU's quantization reads of it); with a weight cache, the copy it holds of w.
+  template <class P>
+  DeviceOperand<T> weight(fp8::Role role, const Tensor<P>& w, const Shape& shape, const Shape& padded,
+                          Resizes<T>& pads) const {
+    if (!recipe_) return pads.add(cast<T>(w).reshape(shape), padded);
+    const auto quantize = [&] {
+      using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
+      const Tensor<Q> wp = resized(cast<Q>(w).reshape(shape), padded);
+      const std::int64_t rows = padded.dim(0), cols = padded.numel() / rows;
+      return recipe_->quantize(role, dtype_v<Q>, wp.data(), rows, cols, {.columns = true, .rows = true}, Pass::first);
+    };
+    const auto& cache = recipe_->quantization().weight_cache;
+    return cache ? cache->copy<Fp8Codes>(role, w, padded, quantize) : quantize();
+  }
+
+  // Input `role` (values [rows, cols], padded) in the layouts asked for; an operand that is already quantized stays
+  // as it is.
+  DeviceOperand<T> input(fp8::Role role, DeviceOperand<T> x, Layouts layouts, Pass pass) const {
+    if (!recipe_ || x.quantized()) return x;
+    const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
+    return recipe_->quantize(role, dtype_v<T>, x.values.data(), rows, cols, layouts, pass);
+  }
+
+  // Where the kernel that makes role's tensor writes its codes itself, where the recipe can say so before the tensor
+  // exists (DeviceRecipe::target).
+  std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                                  Pass pass) const {
+    return recipe_ ? recipe_->target(role, rows, cols, layouts, pass) : std::nullopt;
+  }
+
+  // out [M, N] = a · op(w) (+ bias) + beta · out, rounded to T: a [M, K] read along its columns, the weight w [K, N]
+  // (or [N, K] transposed). `forward`: a forward product (fp8's faster accumulation, where asked for).
+  void product(const DeviceOperand<T>& a, const DeviceOperand<T>& w, Transpose tw, std::int64_t M, std::int64_t N,
+               std::int64_t K, void* out, const void* bias, double beta, bool forward) const {
+    if (!a.quantized()) {
+      values_product(a.values, false, w.values, tw == Transpose::yes, M, N, K, bias, beta, out);
+      return;
+    }
+    recipe_->product(a.codes, Fp8Layout::codes, w.codes, tw == Transpose::no ? Fp8Layout::transposed : Fp8Layout::codes,
+                     M, N, K, dtype_v<T>, out, bias, beta, forward);
+  }
+
+  // A weight's gradient aᵀ · b as P [shape] from a [M, K1] and b [M, K2] read along their rows (values, or codes
+  // whose inner size is M padded with zeros): summed in f32 into [K1, K2] (of `padded_shape`), then cropped (onto
+  // `crops` where given).
+  template <class P>
+  Tensor<P> weight_gradient(const DeviceOperand<T>& a, const DeviceOperand<T>& b, const Shape& shape,
+                            const Shape& padded_shape, Resizes<T>* crops) const {
+    ParamGrad<P, T> out(shape, padded_shape, a.quantized() ? recipe_->device() : a.values.device());
+    constexpr bool wide = ParamGrad<P, T>::wide;
+    if (!a.quantized()) {
+      const std::int64_t M = a.values.dim(0), k1 = a.values.dim(1), k2 = b.values.dim(1);
+      values_product(a.values, true, b.values, false, k1, k2, M, nullptr, 0.0, out.data(), wide);
+    } else {
+      recipe_->product(a.codes, Fp8Layout::transposed, b.codes, Fp8Layout::transposed, a.codes.cols, b.codes.cols,
+                       a.codes.transposed_ld, wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, 0.0,
+                       false);
+    }
+    return out.result(crops);
+  }
+
+ private:
+  std::shared_ptr<const DeviceRecipe> recipe_;
+};
+
+}  // namespace tapegrad::detail

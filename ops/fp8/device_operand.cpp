@@ -1,0 +1,249 @@
+// The recipes' policies on the GPU (ops/fp8/detail/device_operand.hpp): delayed and current scaling share one scale
+// per role of the step, kept on the device; block scaling writes a scale per tile beside the codes.
+#include "tapegrad/ops/fp8/detail/device_operand.hpp"
+
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/fp8_block_quantize.hpp"
+#include "tapegrad/cuda/fp8_quantize.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/detail/fill.hpp"
+
+namespace tapegrad::detail {
+
+namespace {
+
+DType dtype_of(fp8::Format format) { return format == fp8::Format::e4m3 ? DType::f8e4m3 : DType::f8e5m2; }
+
+std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Delayed and current scaling: one scale per role, its scale_inv, scale and amax in a row of the step's scalars.
+class PerTensorScaling : public DeviceRecipe {
+ public:
+  Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                    Pass pass) const override {
+    const Fp8Codes out = codes_for(role, rows, cols, layouts);
+    make_scale(role, dtype, x, rows * cols, pass);
+    const bool record = records(pass);
+    cuda::fp8_quantize({.dtype = dtype,
+                        .x = x,
+                        .rows = rows,
+                        .cols = cols,
+                        .format = out.format,
+                        .scale = slot(role, scale_field),
+                        .codes = layouts.columns ? out.codes->data() : nullptr,
+                        .transposed = layouts.rows ? out.transposed->data() : nullptr,
+                        .transposed_ld = out.transposed_ld,
+                        .amax = record ? slot(role, amax_field) : nullptr},
+                       device_.index);
+    if (record) record_later(role);  // read when the state's step ends: the step does not wait for the device
+    return out;
+  }
+
+ protected:
+  static constexpr int scale_inv_field = 0, scale_field = 1, amax_field = 2, fields = 4;
+
+  PerTensorScaling(std::string_view op, const Fp8Quantization& q, Device device, Tensor<float> scalars)
+      : DeviceRecipe(op, q, device), scalars_(std::move(scalars)) {}
+
+  float* slot(fp8::Role role, int field) const {
+    return const_cast<float*>(scalars_.data()) + static_cast<std::int64_t>(role) * fields + field;
+  }
+  Fp8Codes codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts) const {
+    Fp8Codes out;
+    out.format = format_of(role);
+    out.rows = out.code_rows = rows;
+    out.cols = cols;
+    out.transposed_ld = round_up(rows, cuda::fp8_row_alignment);
+    if (layouts.columns) out.codes = bytes(rows * cols);
+    if (layouts.rows) out.transposed = bytes(cols * out.transposed_ld);
+    out.scale_inv = slot(role, scale_inv_field);
+    out.scalars = scalars_;
+    return out;
+  }
+  // Before a quantization: current scaling makes the role's scale from the pass's first tensor.
+  virtual void make_scale(fp8::Role, DType, const void*, std::int64_t, Pass) const {}
+  // Whether the quantization merges the tensor's amax into the role's: delayed scaling records the pass's first.
+  virtual bool records(Pass) const { return false; }
+  virtual void record_later(fp8::Role) const {}
+
+  Tensor<float> scalars_;  // [role_count, fields]; scale_inv first: 16-byte aligned, as cuBLASLt reads it
+};
+
+class DelayedScaling final : public PerTensorScaling {
+ public:
+  DelayedScaling(std::string_view op, const Fp8Quantization& q, Device device)
+      : PerTensorScaling(op, q, device, step_scales(*q.state, device)) {}
+
+  std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                                  Pass pass) const override {
+    const bool record = records(pass);
+    if (record) record_later(role);
+    Fp8Target out;
+    out.codes = codes_for(role, rows, cols, layouts);
+    out.scale = slot(role, scale_field);
+    out.amax = record ? slot(role, amax_field) : nullptr;
+    return out;
+  }
+
+ private:
+  // The step's scales from the state (which first ends its previous step), and zero amaxes.
+  static Tensor<float> step_scales(fp8::ScalingState& state, Device device) {
+    if (state.pending()) state.update();
+    Tensor<float> host = zeros<float>({fp8::role_count, fields});
+    for (fp8::Role role : fp8::roles) {
+      const float scale = state.scale(role);
+      host.flat(static_cast<std::int64_t>(role) * fields + scale_inv_field) = 1.0f / scale;
+      host.flat(static_cast<std::int64_t>(role) * fields + scale_field) = scale;
+    }
+    return host.to(device);
+  }
+  bool records(Pass pass) const override { return pass == Pass::first; }
+  // The state reads role's amax from the device when its step ends. The amaxes recorded since the last read share
+  // one host copy of the scalars: the step's end reads the device once, not once per amax.
+  void record_later(fp8::Role role) const override {
+    if (!host_scalars_ || host_scalars_->defined()) host_scalars_ = std::make_shared<Tensor<float>>();
+    q_.state->record_later(role, [host = host_scalars_, scalars = scalars_, role] {
+      if (!host->defined()) *host = scalars.to(Device::cpu());
+      return host->flat(static_cast<std::int64_t>(role) * fields + amax_field);
+    });
+  }
+  mutable std::shared_ptr<Tensor<float>> host_scalars_;
+};
+
+class CurrentScaling final : public PerTensorScaling {
+ public:
+  // Each quantization makes its own scale: nothing to upload, so that a graph can capture the step.
+  CurrentScaling(std::string_view op, const Fp8Quantization& q, Device device)
+      : PerTensorScaling(op, q, device, Tensor<float>(Shape{fp8::role_count, fields}, device)) {}
+
+ private:
+  void make_scale(fp8::Role role, DType dtype, const void* x, std::int64_t n, Pass pass) const override {
+    if (pass != Pass::first) return;
+    float* amax = slot(role, amax_field);
+    cuda::fill(DType::f32, amax, 1, 0.0, device_.index);
+    cuda::fp8_amax(dtype, x, n, amax, device_.index);
+    cuda::fp8_current_scale(amax, format_of(role), slot(role, scale_field), slot(role, scale_inv_field),
+                            device_.index);
+  }
+};
+
+// Block scaling: e4m3 codes with a scale per tile of fp8::block_tile, made by the same pass as the codes.
+class BlockScaling final : public DeviceRecipe {
+ public:
+  BlockScaling(std::string_view op, const Fp8Quantization& q, Device device) : DeviceRecipe(op, q, device) {}
+
+  Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                    Pass) const override {
+    Fp8Codes out;
+    out.format = DType::f8e4m3;
+    out.rows = rows;
+    out.cols = cols;
+    out.code_rows = round_up(rows, 4);
+    out.transposed_ld = round_up(rows, fp8::block_tile);
+    out.scaling = fp8::is_weight(role) ? cuda::Fp8Scaling::blocks_128x128 : cuda::Fp8Scaling::tiles_1x128;
+    const auto scales_of = [&](std::int64_t outer, std::int64_t K) {
+      return bytes(cuda::fp8_scale_shape(out.scaling, outer, K).count() * std::int64_t{sizeof(float)});
+    };
+    if (layouts.columns) {
+      out.codes = bytes(out.code_rows * cols);
+      out.scales = scales_of(out.code_rows, cols);
+    }
+    if (layouts.rows) {
+      out.transposed = bytes(cols * out.transposed_ld);
+      out.transposed_scales = scales_of(cols, out.transposed_ld);
+    }
+    const auto floats = [](const std::shared_ptr<Storage>& s) { return s ? static_cast<float*>(s->data()) : nullptr; };
+    const auto data = [](const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; };
+    cuda::fp8_block_quantize({.dtype = dtype,
+                              .x = x,
+                              .rows = rows,
+                              .cols = cols,
+                              .scaling = out.scaling,
+                              .codes = data(out.codes),
+                              .codes_rows = out.code_rows,
+                              .scales = floats(out.scales),
+                              .transposed = data(out.transposed),
+                              .transposed_ld = out.transposed_ld,
+                              .transposed_scales = floats(out.transposed_scales)},
+                             device_.index);
+    return out;
+  }
+  std::int64_t granule() const override { return fp8::block_tile; }
+};
+
+}  // namespace
+
+std::optional<Fp8Target> DeviceRecipe::target(fp8::Role, std::int64_t, std::int64_t, Layouts, Pass) const {
+  return std::nullopt;
+}
+
+std::shared_ptr<Storage> DeviceRecipe::bytes(std::int64_t count) const {
+  return Storage::allocate(static_cast<std::size_t>(count), device_);
+}
+
+DType DeviceRecipe::format_of(fp8::Role role) const {
+  return dtype_of(fp8::format_of(fp8::formats_of(q_.recipe), role));
+}
+
+std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device) {
+  if (std::holds_alternative<fp8::DelayedScaling>(q.recipe)) return std::make_unique<DelayedScaling>(op, q, device);
+  if (std::holds_alternative<fp8::CurrentScaling>(q.recipe)) return std::make_unique<CurrentScaling>(op, q, device);
+  return std::make_unique<BlockScaling>(op, q, device);
+}
+
+void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
+                           std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
+                           const void* bias, double beta, bool forward) const {
+  struct Operand {
+    const void* data;
+    std::int64_t ld;
+    const float* scale_inv;
+  };
+  const auto operand = [](const Fp8Codes& x, Fp8Layout layout) {
+    const auto scales = [&](const std::shared_ptr<Storage>& s) {
+      return s ? static_cast<const float*>(s->data()) : x.scale_inv;
+    };
+    return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.cols, scales(x.scales)}
+                                      : Operand{x.transposed->data(), x.transposed_ld, scales(x.transposed_scales)};
+  };
+  const Operand A = operand(a, a_layout), B = operand(b, b_layout);
+  const bool tiled = a.scaling != cuda::Fp8Scaling::tensor || b.scaling != cuda::Fp8Scaling::tensor;
+  // Block scaling: A's codes may carry zero rows past M (code_rows); the product then writes them too, to scratch.
+  const std::int64_t rows = a_layout == Fp8Layout::codes ? a.code_rows : M;
+  std::shared_ptr<Storage> scratch;
+  void* c = out;
+  if (rows != M) {
+    scratch = bytes(rows * N * static_cast<std::int64_t>(dtype_size(out_dtype)));
+    c = scratch->data();
+    if (beta != 0.0) cuda::strided_copy(out_dtype, out, c, {{M, N, N}, {N, 1, 1}}, device_.index);
+  }
+  // cuBLASLt's FP8 kernels add no f32 bias, nor any with block scaling (cuda/blaslt.hpp): the bias becomes C's
+  // initial rows instead.
+  if (bias && (out_dtype == DType::f32 || tiled) && rows > 0) {
+    cuda::strided_copy(out_dtype, bias, c, {{rows, 0, N}, {N, 1, 1}}, device_.index);
+    bias = nullptr;
+    beta = 1.0;
+  }
+  const cuda::GemmFp8 fp8{.a = a.format,
+                          .b = b.format,
+                          .a_scale_inv = A.scale_inv,
+                          .b_scale_inv = B.scale_inv,
+                          .fast_accumulation = forward && q_.fast_forward_accumulation && !tiled,
+                          .a_scaling = a.scaling,
+                          .b_scaling = b.scaling};
+  cuda::gemm({.dtype = out_dtype,
+              .M = rows,
+              .N = N,
+              .K = K,
+              .a = {A.data, A.ld, 0, false},
+              .b = {B.data, B.ld, 0, true},
+              .c = {c, N, 0},
+              .beta = beta,
+              .bias = bias,
+              .fp8 = &fp8},
+             device_.index);
+  if (c != out) cuda::strided_copy(out_dtype, c, out, {{M, N, N}, {N, 1, 1}}, device_.index);
+}
+
+}  // namespace tapegrad::detail

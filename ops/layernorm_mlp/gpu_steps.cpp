@@ -1,0 +1,328 @@
+// layernorm_mlp's operations on the GPU, which the stages (detail/stages.hpp) run, and where the CPU's take other
+// launchers: the norm (cuda::norm_forward, and cuda::norm_backward with db2 = Σ_rows dy in the same pass, its
+// `other` rows), the products (cuBLASLt, GELU in GEMM1's epilogue where detail/gpu_steps.hpp says), the activation
+// and its backward with db1 in one kernel (cuda/mlp_activation.hpp; with delayed scaling writing a's and dz's fp8
+// codes itself). The weight gradients accumulate in f32 on the tensor cores; every parameter gradient is summed in
+// C = compute_t<T> and rounded once to its dtype P (ParamGrad).
+#include "tapegrad/ops/layernorm_mlp/detail/gpu_steps.hpp"
+
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/stages.hpp"
+#include "tapegrad/tensor/detail/accumulate.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/detail/side_stream.hpp"
+
+namespace tapegrad::detail::mlp {
+
+namespace {
+
+template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
+const void* bytes_of(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
+void* bytes_of(std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
+
+template <class T, class P> class GpuSteps {
+ public:
+  using Value = T;
+  using C = compute_t<T>;
+  using Operand = DeviceOperand<T>;
+  using Grad = Tensor<P>;
+  using ActivationBackward = ActivationGradients<Operand, Grad>;
+  using NormBackward = NormGradients<T, Grad>;
+
+  explicit GpuSteps(GpuSaved<T>& s)
+      : s_(s), sharding_(s.options.tensor_parallel), device_(s.x.device()), form_(activation_form(s.options)) {}
+
+  const Sharding& sharding() const { return sharding_; }
+  const LayerNormMLPOptions& options() const { return s_.options; }
+
+  // h [rows, H] (padded) from x and the saved γ, β: the forward computes the statistics, a recompute leaves them as
+  // they are (bitwise the forward's h).
+  Tensor<T> norm(Statistics statistics) const {
+    const bool compute = statistics == Statistics::compute;
+    Tensor<T> h(Shape{s_.norm.rows, s_.padded.hidden}, device_);
+    cuda::norm_forward(s_.norm,
+                       {.x = s_.x.data(),
+                        .gamma = s_.gamma.data(),
+                        .beta = data_or_null(s_.beta),
+                        .y = h.data(),
+                        .mean = compute && s_.norm.centered ? s_.mean.data() : nullptr,
+                        .rstd = compute ? s_.rstd.data() : nullptr,
+                        .epsilon = s_.options.epsilon},
+                       device_.index);
+    return h;
+  }
+
+  Operand input(fp8::Role role, Operand x, Layouts layouts, Pass pass) const {
+    return s_.quantizer.input(role, std::move(x), layouts, pass);
+  }
+
+  // z (padded, [M, nF]) = h · W1 + b1 rounded to T, and, with the GELU epilogue, a = gelu of the unrounded sum.
+  FirstProduct<T> first_product(const Operand& h) const {
+    const auto [M, H, F, n] = s_.padded;
+    check(!s_.w1.quantized() || s_.w1.codes.transposed, "layernorm_mlp",
+          "an fp8 node on a GPU makes z again only with recompute_all, whose forward keeps W1's transposed codes: run "
+          "the forward again rather than a second backward under retain_graph");
+    FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, device_), {}};
+    if (!gelu_epilogue(h)) {
+      s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
+      return out;
+    }
+    out.a = Tensor<T>(Shape{M, F}, device_);
+    values_product(h.values, false, s_.w1.values, false, M, F, H, s_.b1.data(), 0.0, out.a.data(), false,
+                   out.z.data());
+    return out;
+  }
+
+  // a (padded, [M, F]): the epilogue's, or the activation kernel's, which writes a's codes itself where the recipe
+  // knows their scale and the codes are the one layout asked for.
+  Operand activation(const FirstProduct<T>& first, Layouts layouts, Pass pass) const {
+    const auto [M, H, F, n] = s_.padded;
+    if (first.a.defined()) return input(fp8::Role::activation, {first.a}, layouts, pass);
+    if (!layouts.rows) {
+      if (const auto target = s_.quantizer.target(fp8::Role::activation, M, F, layouts, pass)) {
+        const cuda::ActivationCodes codes{target->codes.codes->data(), target->scale, target->amax};
+        cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), nullptr, M, F, &codes);
+        return target->codes;
+      }
+    }
+    Tensor<T> a(Shape{M, F}, device_);
+    cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), a.data(), M, F);
+    return input(fp8::Role::activation, {a}, layouts, pass);
+  }
+
+  // y (padded, [M, H]) = a · W2 + b2. With fp8 the backward reads the weights' codes, and W1's transpose only where it
+  // makes z again.
+  Tensor<T> second_product(const Operand& a) const {
+    const auto [M, H, F, n] = s_.padded;
+    Tensor<T> y(Shape{M, H}, device_);
+    const void* b2 = sharding_.adds_replicated_terms() ? data_or_null(s_.b2) : nullptr;
+    s_.quantizer.product(a, s_.w2, Transpose::no, M, H, F, y.data(), b2, 0.0, true);
+    s_.w2.codes.transposed.reset();
+    if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();
+    return y;
+  }
+
+  void keep_h(Operand h) { s_.h = std::move(h); }
+  void keep_z(const Tensor<T>& z) { s_.z = z; }
+  // The saved h and z, given up: their memory goes as soon as the backward is done with them (z's becomes dz's).
+  Operand kept_h() const { return std::exchange(s_.h, {}); }
+  Tensor<T> kept_z() const { return std::exchange(s_.z, {}); }
+
+  Tensor<T> padded(const Tensor<T>& t) const { return resized(t, Shape{t.dim(0), s_.padded.hidden}); }
+  // db2 in the norm's backward pass, which reads dy beside dh: unless the node is sharded (dh then has this rank's
+  // rows, or is summed over the ranks after dy was read).
+  bool sums_db2_with_norm() const { return !sharding_.sharded(); }
+  Grad column_sums(const Tensor<T>& dy) const {
+    return detail::column_sums<P>(dy, s_.dims.hidden, Shape{s_.dims.hidden});
+  }
+
+  // g · Wᵀ (+ the addend), padded: da = dy · W2ᵀ [M, F], or dh = dz · W1ᵀ [M, H] into a fresh tensor (the addend's
+  // copy where there is one).
+  Tensor<T> data_gradient(const Operand& g, Weight w, const Tensor<T>* addend = nullptr) const {
+    const auto [M, H, F, n] = s_.padded;
+    if (w == Weight::w2) {
+      Tensor<T> da(Shape{M, F}, device_);
+      s_.quantizer.product(g, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
+      return da;
+    }
+    Tensor<T> dh;
+    if (!addend) dh = Tensor<T>(Shape{M, H}, device_);
+    else if (H == s_.dims.hidden) dh = addend->reshape(Shape{M, H}).clone();
+    else dh = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
+    s_.quantizer.product(g, s_.w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
+    return dh;
+  }
+
+  // From z and da: dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial
+  // rows; with delayed scaling the kernel writes dz's codes and a's transposed codes instead, and z and da go.
+  ActivationBackward activation_backward(Tensor<T> z, Tensor<T> da, Layouts a_layouts, Layouts dz_layouts,
+                                         bool need_db1) {
+    const auto [M, H, F, n] = s_.padded;
+    const auto dz_target = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
+    const bool codes = dz_target.has_value();
+    std::optional<ParamGrad<P, T>> db1;
+    Tensor<C> partials;
+    if (need_db1) {
+      db1.emplace(Shape{n, s_.dims.ffn}, Shape{n, F}, device_);
+      const int width = static_cast<int>(n);
+      partials = Tensor<C>(Shape{codes ? cuda::mlp_activation_codes_partials(M, F, width)
+                                       : cuda::mlp_activation_partials(M, F, width)},
+                           device_);
+    }
+    ActivationBackward out;
+    if (codes) {
+      auto a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
+      Fp8Codes dz_codes = dz_target->codes;
+      cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data(), da.data(),
+                                          {.dz_format = dz_codes.format,
+                                           .dz_scale = dz_target->scale,
+                                           .dz_codes = bytes_of(dz_codes.codes),
+                                           .dz_transposed = bytes_of(dz_codes.transposed),
+                                           .dz_amax = dz_target->amax,
+                                           .a_scale = a_target->scale,
+                                           .a_transposed = bytes_of(a_target->codes.transposed),
+                                           .transposed_ld = dz_codes.transposed_ld,
+                                           .dbias = db1 ? db1->data() : nullptr,
+                                           .partials = db1 ? partials.data() : nullptr,
+                                           .wide_dbias = ParamGrad<P, T>::wide},
+                                          M, F);
+      out.a = a_target->codes;
+      out.dz = dz_codes;
+    } else {
+      cuda::mlp_activation_backward(dtype_v<T>, device_.index, form_, z.data(), da.data(),
+                                    {.dz = z.data(),
+                                     .a = a_layouts.rows ? da.data() : nullptr,
+                                     .dbias = db1 ? db1->data() : nullptr,
+                                     .partials = db1 ? partials.data() : nullptr,
+                                     .wide_dbias = ParamGrad<P, T>::wide},
+                                    M, F);
+      if (a_layouts.rows) out.a = {std::move(da)};
+      out.dz = {std::move(z)};
+    }
+    if (db1) out.db1 = db1->result(&crops_);
+    return out;  // (the partials go here: summed into db1, and released before dW2's product)
+  }
+
+  Grad weight_gradient(const Operand& a, const Operand& b, Weight w) {
+    const auto [M, H, F, n] = s_.dims;
+    const auto [Mp, Hp, Fp, np] = s_.padded;
+    if (w == Weight::w2) return s_.quantizer.template weight_gradient<P>(a, b, Shape{F, H}, Shape{Fp, Hp}, &crops_);
+    return s_.quantizer.template weight_gradient<P>(a, b, Shape{H, n, F}, Shape{Hp, n, Fp}, &crops_);
+  }
+
+  // The ranks' partial dh summed on a side stream while `work` (dW1's product) runs on this one, which then waits.
+  template <class Work> Tensor<T> summed_beside(const Tensor<T>& partial, Work&& work) {
+    const cuda::SideStream side(device_.index);
+    side.wait_for_current();
+    Tensor<T> dh;
+    {
+      const cuda::StreamGuard on_side(side.stream(), device_.index);
+      dh = sharding_.summed(partial);
+    }
+    std::forward<Work>(work)();
+    side.current_waits();
+    dh_on_side_ = true;
+    return dh;
+  }
+  void add_rows(Tensor<T>& dh, const Tensor<T>& dh_out) const {
+    add_to(dh, resized(dh_out.reshape(Shape{s_.norm.rows, s_.dims.hidden}), Shape{s_.norm.rows, s_.padded.hidden}));
+  }
+
+  // dx (padded like x, then cropped) rounds to T once; dγ, dβ and db2 (from dy's rows, where given) are summed in C
+  // and rounded once to P.
+  NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>* db2_rows) {
+    const std::int64_t rows = s_.norm.rows, H = s_.dims.hidden;
+    Tensor<T> dx;
+    if (need.x) dx = Tensor<T>(Shape{rows, s_.padded.hidden}, device_);
+    std::optional<ParamGrad<P, T>> dgamma, dbeta, db2;
+    if (need.gamma) dgamma.emplace(Shape{H}, Shape{H}, device_);
+    if (need.beta) dbeta.emplace(Shape{H}, Shape{H}, device_);
+    if (db2_rows) db2.emplace(Shape{H}, Shape{H}, device_);
+    cuda::NormBackwardArgs args{.x = s_.x.data(),
+                                .gamma = s_.gamma.data(),
+                                .dy = dh.data(),
+                                .mean = s_.norm.centered ? s_.mean.data() : nullptr,
+                                .rstd = s_.rstd.data(),
+                                .dx = need.x ? dx.data() : nullptr,
+                                .dgamma = dgamma ? dgamma->data() : nullptr,
+                                .dbeta = dbeta ? dbeta->data() : nullptr,
+                                .other = db2_rows ? db2_rows->data() : nullptr,
+                                .other_sums = db2 ? db2->data() : nullptr,
+                                .wide_parameter_grads = ParamGrad<P, T>::wide};
+    Tensor<C> partials(Shape{cuda::norm_backward_partials(s_.norm, args)}, device_);
+    args.partials = partials.data();
+    cuda::norm_backward(s_.norm, args, device_.index);
+    NormBackward out;
+    if (need.x) out.dx = crops_.add(dx, Shape{rows, H});
+    if (dgamma) out.dgamma = dgamma->result();
+    if (dbeta) out.dbeta = dbeta->result();
+    if (db2) out.db2 = db2->result();
+    return out;
+  }
+
+  // Queues the crops of the gradients that came out padded, in one launch; the side stream that made a sharded dh
+  // waits for its readers.
+  void finish() {
+    crops_.run();
+    if (dh_on_side_) cuda::SideStream(device_.index).wait_for_current();
+  }
+
+ private:
+  // Whether GEMM1 applies the activation in cuBLASLt's epilogue (GELU_AUX_BIAS): GELU with a bias, in a type it has
+  // the epilogue for, on values, on rows the epilogue can write (ffn a multiple of 8 elements).
+  bool gelu_epilogue(const Operand& h) const {
+    return s_.options.activation == Activation::gelu && s_.b1.defined() && !std::is_same_v<T, double> &&
+           s_.padded.ffn % 8 == 0 && !h.quantized();
+  }
+
+  GpuSaved<T>& s_;
+  Sharding sharding_;
+  Device device_;
+  ActivationForm form_;
+  Resizes<T> crops_;  // the backward's gradients that come out padded, cropped together by finish()
+  bool dh_on_side_ = false;
+};
+
+}  // namespace
+
+template <class T, class P>
+Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptions& options, const Tensor<T>& x,
+                       const Params<P>& params) {
+  using C = compute_t<T>;
+  const auto [M, H, F, n] = dims;
+  const Device device = x.device();
+  s.options = options;
+  s.dims = dims;
+  s.quantizer = DeviceQuantizer<T>("layernorm_mlp", options.fp8, device);  // (delayed: ends the state's last step)
+  s.padded = {M, s.quantizer.padded(H), s.quantizer.padded(F), n};
+  const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
+  const std::int64_t rows = M / Sharding(options.tensor_parallel).row_factor();  // this rank's rows of x
+  s.norm = {.dtype = dtype_v<T>,
+            .rows = rows,
+            .hidden = H,
+            .ld = Hp,
+            .centered = options.norm == NormType::layernorm,
+            .zero_centered_gamma = options.zero_centered_gamma};
+  Resizes<T> pads;  // x and the parameters padded in one launch
+  s.x = pads.add(x.reshape(Shape{rows, H}), Shape{rows, Hp});
+  s.gamma = cast<T>(params.gamma);
+  if (params.beta) s.beta = cast<T>(*params.beta);
+  s.w1 = s.quantizer.weight(fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp}, pads);
+  s.w2 = s.quantizer.weight(fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp}, pads);
+  if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
+  if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
+  pads.run();
+  s.mean = Tensor<C>(Shape{s.norm.centered ? rows : 0}, device);
+  s.rstd = Tensor<C>(Shape{rows}, device);
+  GpuSteps<T, P> steps(s);
+  const Forward<T> out = forward(steps);
+  const Tensor<T> h = options.return_layernorm_output ? resized(out.h, Shape{rows, H}) : Tensor<T>();
+  return {resized(out.y, Shape{rows, H}), h};
+}
+
+template <class T, class P>
+Gradients<T, Tensor<P>> gpu_backward(GpuSaved<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out, const Needs& need) {
+  GpuSteps<T, P> steps(s);
+  Gradients<T, Tensor<P>> g = backward(steps, dy.reshape(Shape{s.norm.rows, s.dims.hidden}), dh_out, need);
+  steps.finish();
+  return g;
+}
+
+#define TAPEGRAD_INSTANTIATE_GPU_MLP_PARAMS(T, P)                                                               \
+  template Forward<T> gpu_forward<T, P>(GpuSaved<T>&, const Dims&, const LayerNormMLPOptions&, const Tensor<T>&, \
+                                        const Params<P>&);                                                      \
+  template Gradients<T, Tensor<P>> gpu_backward<T, P>(GpuSaved<T>&, const Tensor<T>&, const Tensor<T>*, const Needs&);
+#define TAPEGRAD_INSTANTIATE_GPU_MLP(T)                    \
+  TAPEGRAD_INSTANTIATE_GPU_MLP_PARAMS(T, float)            \
+  TAPEGRAD_INSTANTIATE_GPU_MLP_PARAMS(T, double)           \
+  TAPEGRAD_INSTANTIATE_GPU_MLP_PARAMS(T, ::tapegrad::bf16) \
+  TAPEGRAD_INSTANTIATE_GPU_MLP_PARAMS(T, ::tapegrad::f16)
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_GPU_MLP)
+
+}  // namespace tapegrad::detail::mlp
