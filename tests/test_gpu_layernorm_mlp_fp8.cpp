@@ -163,6 +163,31 @@ TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second ru
   }
 }
 
+// The GPU backward gives up the saved z (dz takes its memory), so a second backward makes z again from W1's transposed
+// codes, which only recompute_all's forward keeps.
+TEST_CASE("a second fp8 backward on the GPU under retain_graph repeats the first with recompute_all, else says why not") {
+  const Case c{};
+  const Params<float> p = on(make_params<float>(c, 32, 48, 5), gpu);
+  for (Recompute policy : {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all}) {
+    CAPTURE(recompute_name(policy));
+    LayerNormMLPOptions o = c.options;
+    o.recompute = policy;
+    o.fp8 = fp8_quantization(fp8::CurrentScaling{});
+    Var<float> x = param(randn<float>({6, 32}, 6).to(gpu));
+    const Var<float> loss = sum(node(x, p, o).y);
+    backward(loss, {.retain_graph = true});
+    const Tensor<float> first = x.grad().to(Device::cpu());
+    x.zero_grad();
+    if (policy == Recompute::recompute_all) {
+      backward(loss);
+      CHECK(test::relative_error(x.grad().to(Device::cpu()), cast<double>(first)) == 0.0);
+    } else {
+      CHECK_THROWS_WITH_AS(backward(loss), doctest::Contains("makes z again only with recompute_all"), Error);
+    }
+    Tape::active().clear();
+  }
+}
+
 TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {
   const Case c{};
   const Params<double> pd = on(make_params<double>(c, 16, 16, 1), gpu);
