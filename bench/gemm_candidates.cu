@@ -1,13 +1,13 @@
-// cuBLASLt's candidates for the six GEMMs of a layernorm_mlp step (bf16 in and out, f32 accumulation), each timed:
-// in tapegrad's layouts (ops/layernorm_mlp/gpu_steps.cpp) and in PyTorch's (weights [out, in], as peer_bench.py's
+// cuBLASLt's candidates for the six GEMMs of a layernorm_mlp step (bf16 in and out, f32 accumulation), each timed: in
+// tapegrad's layouts (ops/layernorm_mlp/gpu_steps.cpp) and in PyTorch's (weights [out, in], as peer_bench.py's
 // gemm_floor). For each problem: the heuristic's first choice, then the three fastest candidates with their tile,
-// stages and split-K. Plain cuBLASLt, no tapegrad code: it tells what the library could reach by choosing
-// algorithms (RESULTS (h)). dW2 also runs with db2 = Σ_rows dy summed by the GEMM's epilogue (BGRADA on tapegrad's
-// layout, where dy is cuBLASLt's A; BGRADB on PyTorch's), the fusion issue 5 names: its time beside the plain
-// product's says what the fused bias gradient costs (tapegrad sums db2 in a separate two-pass reduction). Where H or
-// F is no multiple of 8, tapegrad pads every operand and crops y, dW2 and dW1 afterwards with a copy each: those
-// three also run padded, and writing only the unpadded part straight into the cropped output (whose rows are then
-// not 16-byte aligned), which says whether cuBLASLt keeps its fast kernels for such an output.
+// stages and split-K. Plain cuBLASLt, no tapegrad code: it tells what the library could reach by choosing algorithms
+// (docs/layernorm_mlp.md). dW2 also runs with db2 = Σ_rows dy summed by the GEMM's epilogue (BGRADA on tapegrad's
+// layout, where dy is cuBLASLt's A; BGRADB on PyTorch's), the fusion issue 5 names: its time beside the plain product's
+// says what the fused bias gradient costs (tapegrad sums db2 in a separate two-pass reduction). Where H or F is no
+// multiple of 8, tapegrad pads every operand and crops y, dW2 and dW1 afterwards with a copy each: those three also run
+// padded, and writing only the unpadded part straight into the cropped output (whose rows are then not 16-byte
+// aligned), which says whether cuBLASLt keeps its fast kernels for such an output.
 //   gemm_candidates [M H F] (default 8192 4096 16384)
 #include <cublasLt.h>
 #include <cuda_bf16.h>

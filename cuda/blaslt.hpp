@@ -89,7 +89,7 @@ struct GemmArgs {
   // Optional, one product of bf16, f16 or f32, no bias, beta 0 (cuBLASLt's DGELU and DGELU_BGRAD epilogues: the
   // backward of gelu_input): C = alpha · op(A) · op(B), times gelu_tanh' of dgelu_input (laid out as C) before C's
   // rounding; and, where bias_gradient is given, the sums of C's columns there (N values in C's dtype).
-  // (layernorm_mlp's backward measured them slower than its activation kernel: bench/RESULTS.md (j).)
+  // (layernorm_mlp's backward measured them slower than its activation kernel: docs/layernorm_mlp.md.)
   const void* dgelu_input = nullptr;
   void* bias_gradient = nullptr;
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a

@@ -23,7 +23,6 @@ namespace tapegrad::detail::mlp {
 namespace {
 
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
-const void* bytes_of(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
 void* bytes_of(std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
 
 template <class T, class P> class GpuSteps {
