@@ -2,8 +2,10 @@
 #pragma once
 
 #include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/autodiff/gradcheck.hpp"
 #include "tapegrad/autodiff/gradient_hook.hpp"
+#include "tapegrad/autodiff/higher_order.hpp"
 #include "tapegrad/autodiff/print.hpp"
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/var.hpp"
@@ -13,6 +15,7 @@
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/fp8/recipe.hpp"
 #include "tapegrad/ops/fp8/dense.hpp"
+#include "tapegrad/ops/gradgradcheck.hpp"
 #include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 #include "tapegrad/ops/layernorm_mlp/composite.hpp"
 #include "tapegrad/ops/layout.hpp"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the demo's output (stdin) against the output the README shows under "## The demo".
+"""Checks a program's output (stdin) against the output the README shows under a section: "## The demo" unless the
+section's title is given (check_demo.py "Higher-order gradients"), its last code block.
 
 Every line of the README's block must appear in the output, in order; a line ending in "..." only up to there, and a
 line that is just "..." stands for any number of lines.
@@ -9,8 +10,9 @@ import re
 import sys
 
 readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text(encoding='utf-8')
-section = readme.split('\n## The demo\n', 1)[1].split('\n## ', 1)[0]
-shown = re.search(r'\n```\n(.*?)\n```', section, re.S).group(1).splitlines()
+title = sys.argv[1] if len(sys.argv) > 1 else 'The demo'
+section = readme.split(f'\n## {title}\n', 1)[1].split('\n## ', 1)[0]
+shown = re.findall(r'\n```\n(.*?)\n```', section, re.S)[-1].splitlines()
 output = sys.stdin.read().splitlines()
 
 position = 0
@@ -23,5 +25,5 @@ for line in shown:
             position = i + 1
             break
     else:
-        sys.exit(f'check_demo: the README shows a line the demo did not print (in this order):\n  {line}')
-print(f'check_demo: the demo printed the {sum(l != "..." for l in shown)} lines the README shows')
+        sys.exit(f'check_demo: under "{title}" the README shows a line the program did not print (in this order):\n  {line}')
+print(f'check_demo: the program printed the {sum(l != "..." for l in shown)} lines the README shows under "{title}"')

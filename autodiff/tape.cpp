@@ -1,6 +1,7 @@
 #include "tapegrad/autodiff/tape.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <mutex>
 #include <unordered_map>
 #include <thread>
@@ -87,17 +88,23 @@ void Tape::clear() {
   epoch_ = new_epoch(owner_);
 }
 
-void Tape::backward(VarSlot& root, bool retain_graph) {
-  if (root.is_leaf()) return;  // the seed already sits in the leaf's gradient
-  if (root.recording.lock() != epoch_) {
-    throw AutodiffError("backward: the output was recorded on another tape, or on this tape before it was cleared");
+void Tape::backward(const std::vector<VarSlot*>& roots, const BackwardOptions& options, std::size_t floor) {
+  std::size_t last = 0;
+  bool any = false;
+  for (const VarSlot* root : roots) {
+    if (root->is_leaf()) continue;  // the seed already sits in the leaf's gradient
+    if (root->recording.lock() != epoch_) {
+      throw AutodiffError("backward: the output was recorded on another tape, or on this tape before it was cleared");
+    }
+    last = std::max(last, root->creator->tape_index);
+    any = true;
   }
-  const std::size_t last = root.creator->tape_index;
+  if (!any) return;
   try {
-    run_backward(last, retain_graph);
+    run_backward(last, options, floor);
   } catch (...) {
     // Leave no half-propagated gradient behind for the next pass.
-    for (std::size_t i = 0; i <= last; ++i) {
+    for (std::size_t i = floor; i <= last; ++i) {
       for (auto& out : nodes_[i]->outputs) {
         if (auto slot = out.lock()) slot->drop_pending();
       }
@@ -112,7 +119,7 @@ namespace {
 class ReadyLeaves {
  public:
   ReadyLeaves(const std::vector<std::unique_ptr<Node>>& nodes, std::size_t last) {
-    if (!detail::gradient_hooks_live()) return;
+    if (!detail::gradient_hooks_live() || detail::grad_capture()) return;  // (grad() leaves .grad alone)
     std::unordered_map<VarSlot*, Place> earliest;
     for (std::size_t i = last + 1; i-- > 0;) {
       const auto& inputs = nodes[i]->inputs;
@@ -140,10 +147,11 @@ class ReadyLeaves {
 };
 }  // namespace
 
-void Tape::run_backward(std::size_t last, bool retain_graph) {
+void Tape::run_backward(std::size_t last, const BackwardOptions& options, std::size_t floor) {
   std::vector<std::shared_ptr<VarSlot>> outputs;  // the node's live outputs, each locked once
   ReadyLeaves ready(nodes_, last);
-  for (std::size_t i = last + 1; i-- > 0;) {
+  const bool retain_graph = options.retain_graph || options.create_graph;
+  for (std::size_t i = last + 1; i-- > floor;) {  // (create_graph appends the nodes it records past `last`)
     ready.passed(i + 1);
     Node& node = *nodes_[i];
     outputs.clear();
@@ -158,9 +166,14 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
     if (node.released) {
       throw AutodiffError("backward: trying to run backward through node '" + node.name() +
                           "' a second time, but its saved tensors were freed after the first backward; pass "
-                          "retain_graph = true to the first backward to keep them");
+                          "retain_graph = true (or create_graph = true, for a derivative of the gradients) to the "
+                          "first backward to keep them");
     }
-    run_op(node.name(), [&] { node.backward(); });
+    if (options.create_graph) {
+      run_op(node.name(), [&] { node.backward_graph(); });
+    } else {
+      run_op(node.name(), [&] { node.backward(); });
+    }
     for (auto& slot : outputs) {
       if (slot->retains_grad) slot->keep_pending();
       slot->drop_pending();
@@ -170,7 +183,51 @@ void Tape::run_backward(std::size_t last, bool retain_graph) {
       node.released = true;
     }
   }
-  ready.passed(0);
+  ready.passed(floor);
+}
+
+detail::GradCapture*& detail::grad_capture() {
+  [[gnu::tls_model("initial-exec")]] thread_local GradCapture* capture = nullptr;
+  return capture;
+}
+
+const Node*& detail::once_differentiable_node() {
+  [[gnu::tls_model("initial-exec")]] thread_local const Node* node = nullptr;
+  return node;
+}
+
+void Node::backward_graph() {
+  for (auto& out : outputs) {
+    if (auto slot = out.lock()) slot->pending_value();
+  }
+  struct Current {
+    const Node* previous;
+    explicit Current(const Node* node) : previous(std::exchange(detail::once_differentiable_node(), node)) {}
+    ~Current() { detail::once_differentiable_node() = previous; }
+  } current(this);
+  backward();
+}
+
+namespace {
+// What a gradient computed by a node without a recorded backward comes from under create_graph: differentiating it
+// again would need that node's second derivative, which it does not have.
+class OnceDifferentiableNode final : public Node {
+ public:
+  explicit OnceDifferentiableNode(const Node& from) : Node(from.name()) {}
+  void backward() override {
+    throw AutodiffError(name() + ": a second derivative through this op is not available: its backward computes "
+                        "gradients without recording them (a custom_op needs graph_backward for that); differentiate "
+                        "a gradient that does not depend on it, or write the op with differentiable ops");
+  }
+  void backward_graph() override { backward(); }
+  void release_saved() override {}
+};
+}  // namespace
+
+void detail::record_once_differentiable(const std::shared_ptr<VarSlot>& gradient, const Node& from) {
+  auto node = std::make_unique<OnceDifferentiableNode>(from);
+  node->outputs.push_back(gradient);
+  Tape::active().record(std::move(node));
 }
 
 TapeUse::TapeUse(Tape& tape, std::string_view op) : owner_(tape.owner_), tape_(&claim(*owner_, op)) {}

@@ -23,6 +23,13 @@ namespace detail {
 struct TapeOwner;
 }  // namespace detail
 
+struct BackwardOptions {
+  bool retain_graph = false;  // keep saved tensors so that backward can run through the graph again
+  // Record the backward itself on the tape: each gradient is a variable (Var::grad_var, or grad()'s result) that can
+  // be differentiated again. Implies retain_graph: a second backward passes through the same nodes.
+  bool create_graph = false;
+};
+
 class Tape {
  public:
   Tape();
@@ -39,13 +46,14 @@ class Tape {
   // Drops every node. Non-leaf variables recorded so far become stale; leaves (parameters) are untouched.
   void clear();
 
-  // Runs the reverse pass from `root`, whose pending gradient the caller has seeded while holding a TapeUse of this
-  // tape.
-  void backward(VarSlot& root, bool retain_graph);
+  // Runs the reverse pass from `roots`, whose pending gradients the caller has seeded while holding a TapeUse of this
+  // tape (and, with create_graph, with this tape active), over the nodes from index `floor` up: a pass nested in a
+  // create_graph pass (composite_vjp) stays within what it recorded.
+  void backward(const std::vector<VarSlot*>& roots, const BackwardOptions& options, std::size_t floor = 0);
 
  private:
   friend class TapeUse;
-  void run_backward(std::size_t last, bool retain_graph);
+  void run_backward(std::size_t last, const BackwardOptions& options, std::size_t floor);
   std::vector<std::unique_ptr<Node>> nodes_;
   std::shared_ptr<detail::TapeOwner> owner_;
   std::shared_ptr<const detail::TapeEpoch> epoch_;

@@ -27,18 +27,31 @@ template <class T> class VarImpl final : public VarSlot {
 
   Shape shape() const override { return value.shape(); }
   DType dtype() const override { return dtype_v<T>; }
-  bool has_pending() const override { return pending.defined(); }
-  void drop_pending() override { pending = Tensor<T>(); }
+  bool has_pending() const override { return pending.defined() || pending_graph != nullptr; }
+  void drop_pending() override {
+    pending = Tensor<T>();
+    pending_graph.reset();
+  }
+  void pending_value() override {
+    if (pending_graph) pending = pending_graph->value;
+  }
   void keep_pending() override;
 
   // Adds `g` into the gradient flowing into this variable (the `.grad` of a leaf). `who` names the node that
   // produced it (and `input`, where not negative, which of its inputs this is), for the error when the shape or
   // device is wrong; the name is only formatted then.
   void accumulate(const Tensor<T>& g, std::string_view who, std::ptrdiff_t input = -1);
+  // The same for a recorded gradient (create_graph): sums are recorded too.
+  void accumulate(const std::shared_ptr<VarImpl<T>>& g, std::string_view who, std::ptrdiff_t input = -1);
+  // Adds g into `.grad` (and a recorded g into grad_var's), taking turns with other threads' passes.
+  void accumulate_into_grad(const Tensor<T>& g);
+  void accumulate_into_grad(const std::shared_ptr<VarImpl<T>>& g);
 
   Tensor<T> value;
   Tensor<T> grad;     // what the user reads: accumulated over backward passes for leaves and retained variables
   Tensor<T> pending;  // gradient of the pass in progress, for non-leaves
+  // Under create_graph: the recorded counterparts of grad (over such passes) and pending.
+  std::shared_ptr<VarImpl<T>> grad_graph, pending_graph;
 };
 
 template <class T> class Var {
@@ -60,6 +73,9 @@ template <class T> class Var {
   const Tensor<T>& value() const { return impl().value; }
   // The accumulated gradient; an undefined tensor if none has arrived (check `grad().defined()`).
   const Tensor<T>& grad() const { return impl().grad; }
+  // The gradient that backward passes with create_graph recorded, as a variable that can be differentiated again
+  // (its value is their part of grad()); undefined if there was none.
+  Var grad_var() const { return impl().grad_graph ? from_slot(impl().grad_graph) : Var(); }
   const Shape& shape() const { return impl().value.shape(); }
   Device device() const { return impl().value.device(); }
   std::int64_t numel() const { return impl().value.numel(); }
@@ -69,7 +85,10 @@ template <class T> class Var {
 
   // A new leaf with the same value that no gradient flows through.
   Var detach() const { return Var(impl().value, false); }
-  void zero_grad() { impl().grad = Tensor<T>(); }
+  void zero_grad() {
+    impl().grad = Tensor<T>();
+    impl().grad_graph.reset();
+  }
   // Keep this non-leaf variable's gradient after backward (leaves always keep theirs).
   void retain_grad() { impl().retains_grad = true; }
 
@@ -139,10 +158,6 @@ template <class... Ts> [[nodiscard]] OpScope enter_op(std::string_view op, const
   check_defined_inputs(op, inputs...);
   return OpScope(op);
 }
-
-struct BackwardOptions {
-  bool retain_graph = false;  // keep saved tensors so that backward can run through the graph again
-};
 
 // Backward from a scalar (one-element) output, seeded with 1.
 template <class T> void backward(const Var<T>& y, BackwardOptions options = {});

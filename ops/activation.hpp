@@ -72,6 +72,43 @@ template <class Fn, const char* Name> struct ArrayActivation {
   }
 };
 
+// The second derivatives of the activations, as expressions of basic ops (so that they differentiate again): what
+// a derivative's own backward multiplies by. s = σ(·) below; the limits at ±∞ are not special-cased (an activation's
+// derivative of a non-finite input has no second derivative to give).
+template <class X> auto second_derivative(const detail::ReluFn&, const X& x) { return expr::scalar_of(x, 0.0) * x; }
+template <class X> auto second_derivative(const detail::SquaredReluFn&, const X& x) {
+  return x.unaryExpr(ArrayFunctor<detail::ReluFn, true>{}) * expr::scalar_of(x, 2.0);
+}
+// x·σ(αx): f'' = α·s(1 - s)·(2 + αx(1 - 2s)), s = σ(αx).
+template <class X> auto second_derivative(const detail::SwishFn& fn, const X& x) {
+  const auto s = expr::math::sigmoid(x * expr::scalar_of(x, fn.alpha));
+  return s * (expr::scalar_of(x, 1.0) - s) * expr::scalar_of(x, fn.alpha) *
+         (expr::scalar_of(x, 2.0) +
+          x * expr::scalar_of(x, fn.alpha) * (expr::scalar_of(x, 1.0) - s * expr::scalar_of(x, 2.0)));
+}
+// x·σ(z), z = c0(x + c1·x³): f'' = s(1 - s)·(2z' + x·z'²(1 - 2s) + x·z''), z' = c0(1 + 3c1·x²), z'' = 6c0c1·x.
+template <class X> auto second_derivative(const detail::GeluTanhFn&, const X& x) {
+  const double c0 = 2 * activation::sqrt_2_over_pi, c1 = activation::gelu_tanh_cubic;
+  const auto s = expr::math::sigmoid((x + x.square() * x * expr::scalar_of(x, c1)) * expr::scalar_of(x, c0));
+  const auto dz = (x.square() * expr::scalar_of(x, 3 * c1) + expr::scalar_of(x, 1.0)) * expr::scalar_of(x, c0);
+  return s * (expr::scalar_of(x, 1.0) - s) *
+         (dz * expr::scalar_of(x, 2.0) + x * dz.square() * (expr::scalar_of(x, 1.0) - s * expr::scalar_of(x, 2.0)) +
+          x.square() * expr::scalar_of(x, 6 * c0 * c1));
+}
+// x·Φ(x): f'' = φ(x)·(2 - x²), φ the standard normal density.
+template <class X> auto second_derivative(const detail::GeluErfFn&, const X& x) {
+  return expr::math::exp(x.square() * expr::scalar_of(x, -0.5)) * expr::scalar_of(x, activation::inv_sqrt_2pi) *
+         (expr::scalar_of(x, 2.0) - x.square());
+}
+
+// An activation's derivative as an op of its own: what the backward of an activation records under create_graph.
+template <class Fn, const char* Name> struct ActivationGrad {
+  Fn fn;
+  static const char* name() { return Name; }
+  template <class X> auto forward(const X& x) const { return x.unaryExpr(ArrayFunctor<Fn, true>{fn}); }
+  template <class X, class G> auto backward(const X& x, const G& g) const { return g * second_derivative(fn, x); }
+};
+
 inline constexpr char relu_name[] = "relu";
 inline constexpr char gelu_name[] = "gelu";
 inline constexpr char gelu_tanh_name[] = "gelu_tanh";
@@ -84,6 +121,22 @@ using GeluTanh = ArrayActivation<detail::GeluTanhFn, gelu_tanh_name>;
 using Silu = ArrayActivation<detail::SwishFn, silu_name>;
 using QuickGelu = ArrayActivation<detail::SwishFn, quick_gelu_name>;
 using SquaredRelu = ArrayActivation<detail::SquaredReluFn, squared_relu_name>;
+
+inline constexpr char relu_grad_name[] = "relu_grad";
+inline constexpr char gelu_grad_name[] = "gelu_grad";
+inline constexpr char gelu_tanh_grad_name[] = "gelu_tanh_grad";
+inline constexpr char swish_grad_name[] = "swish_grad";
+inline constexpr char squared_relu_grad_name[] = "squared_relu_grad";
+// The derivative op of each activation function.
+template <class Fn> struct GradOp;
+template <> struct GradOp<detail::ReluFn> : std::type_identity<ActivationGrad<detail::ReluFn, relu_grad_name>> {};
+template <> struct GradOp<detail::GeluErfFn> : std::type_identity<ActivationGrad<detail::GeluErfFn, gelu_grad_name>> {};
+template <>
+struct GradOp<detail::GeluTanhFn> : std::type_identity<ActivationGrad<detail::GeluTanhFn, gelu_tanh_grad_name>> {};
+template <> struct GradOp<detail::SwishFn> : std::type_identity<ActivationGrad<detail::SwishFn, swish_grad_name>> {};
+template <>
+struct GradOp<detail::SquaredReluFn>
+    : std::type_identity<ActivationGrad<detail::SquaredReluFn, squared_relu_grad_name>> {};
 
 }  // namespace ops
 

@@ -15,7 +15,11 @@ template <class To, class From> Var<To> cast(const Var<From>& x) {
     return custom_op<Nothing>(
         "cast to " + std::string(dtype_name(dtype_v<To>)),
         [](Nothing&, const Tensor<From>& v) { return cast<To>(v); },
-        [](const Nothing&, const NeedsGrad&, const Tensor<To>& dy) { return cast<From>(dy); }, x);
+        [](const Nothing&, const NeedsGrad&, const Tensor<To>& dy) { return cast<From>(dy); },
+        graph_backward([](const Nothing&, const NeedsGrad&, const std::tuple<Var<From>>&, const Var<To>& dy) {
+          return cast<From>(dy);
+        }),
+        x);
   }
 }
 

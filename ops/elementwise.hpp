@@ -46,7 +46,7 @@ struct Pow {
     S operator()(S x, S y) const { return std::pow(x, y); }
   };
   template <class X, class Y> static auto forward(const X& x, const Y& y) {
-    if constexpr (std::is_same_v<X, Term>) {
+    if constexpr (std::is_same_v<X, Term> || expr::Recorded<X>) {
       return x.pow(y);
     } else {
       using S = typename Eigen::internal::traits<X>::Scalar;
@@ -102,6 +102,12 @@ struct Abs {
   static const char* name() { return "abs"; }
   template <class X> auto forward(const X& x) const { return x.abs(); }
   template <class X, class G> auto backward(const X& x, const G& g) const { return g * x.sign(); }
+};
+// The sign, -1, 0 or 1: what abs's derivative is made of; its own derivative is 0 (almost everywhere).
+struct Sign {
+  static const char* name() { return "sign"; }
+  template <class X> auto forward(const X& x) const { return x.sign(); }
+  template <class X, class G> auto backward(const X& x, const G& g) const { return g * expr::scalar_of(x, 0.0); }
 };
 struct AddScalar {
   double c;

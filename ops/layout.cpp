@@ -216,6 +216,37 @@ Shape reshaped(const Shape& from, const std::vector<std::int64_t>& dims) {
   return Shape(out);
 }
 
+// Rows of an axis moved from one tensor into another: the `from` rows of a source of shape `src` into the `to` rows
+// of a destination of shape `dst`, zero elsewhere. slice's and concat's gradients are such moves; the move back is
+// each one's own backward.
+struct RowMove {
+  Shape src, dst;
+  Rows from, to;
+  RowCount n;
+  RowMove reversed() const { return {dst, src, to, from, n}; }
+};
+
+template <class T> Tensor<T> moved_rows(const Tensor<T>& x, const RowMove& m) {
+  Tensor<T> y = zeros<T>(m.dst, x.device());
+  copy_rows(x.data(), m.from, y.data(), m.to, m.n, x.device());
+  return y;
+}
+
+// The same, recorded: the recorded backward of slice and concat.
+template <class T> Var<T> moved_rows(const Var<T>& x, const RowMove& m) {
+  return custom_op<RowMove>(
+      "move rows",
+      [&](RowMove& saved, const Tensor<T>& xv) {
+        saved = m;
+        return moved_rows(xv, m);
+      },
+      [](const RowMove& saved, const NeedsGrad&, const Tensor<T>& dy) { return moved_rows(dy, saved.reversed()); },
+      graph_backward([](const RowMove& saved, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return moved_rows(dy, saved.reversed());
+      }),
+      x);
+}
+
 template <class T> Var<T> permute_op(const Var<T>& x, const std::vector<int>& perm, const char* op) {
   struct Saved {
     std::vector<int> inverse;  // dy goes back through the inverse permutation
@@ -226,7 +257,11 @@ template <class T> Var<T> permute_op(const Var<T>& x, const std::vector<int>& pe
         s.inverse = inverse_permutation(perm);
         return permute(x, perm, op);
       },
-      [op](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return permute(dy, s.inverse, op); }, x);
+      [op](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return permute(dy, s.inverse, op); },
+      graph_backward([op](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return permute_op(dy, s.inverse, op);
+      }),
+      x);
 }
 
 }  // namespace
@@ -280,7 +315,11 @@ template <class T> Var<T> reshape(const Var<T>& x, std::vector<std::int64_t> dim
         s.x_shape = x.shape();
         return x.reshape(shape);
       },
-      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return dy.reshape(s.x_shape); }, x);
+      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return dy.reshape(s.x_shape); },
+      graph_backward([](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return reshape(dy, s.x_shape.to_vector());
+      }),
+      x);
 }
 
 template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, std::int64_t stop, std::int64_t step) {
@@ -289,29 +328,20 @@ template <class T> Var<T> slice(const Var<T>& x, int axis, std::int64_t start, s
   const detail::AxisLayout l = detail::axis_layout(shape, axis, "slice");
   const int a = static_cast<int>(shape.normalize_axis(axis, "slice"));
   check(step >= 1, "slice", "step must be at least 1, got ", step, " (slicing axis ", axis, " of shape ", shape, ")");
-  struct Saved {
-    Shape x_shape;
-    Rows in_x;   // the rows of x that were taken
-    Rows in_y;   // where they sit in y: all of its rows
-    RowCount n;
-  };
-  return custom_op<Saved>(
+  // The rows taken from x into all of y's rows; the backward moves them back.
+  return custom_op<RowMove>(
       "slice",
-      [&](Saved& s, const Tensor<T>& x) {
+      [&](RowMove& s, const Tensor<T>& x) {
         const auto [rows, count] = python_slice(l.n, start, stop, step);
-        s.x_shape = shape;
-        s.in_x = rows;
-        s.in_y = {count, 0, 1};
-        s.n = {l.outer, count, l.inner};
-        Tensor<T> y(with_dim(shape, a, count), x.device());
-        copy_rows(x.data(), s.in_x, y.data(), s.in_y, s.n, x.device());
+        s = {shape, with_dim(shape, a, count), rows, {count, 0, 1}, {l.outer, count, l.inner}};
+        Tensor<T> y(s.dst, x.device());
+        copy_rows(x.data(), s.from, y.data(), s.to, s.n, x.device());
         return y;
       },
-      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
-        Tensor<T> dx = zeros<T>(s.x_shape, dy.device());
-        copy_rows(dy.data(), s.in_y, dx.data(), s.in_x, s.n, dy.device());
-        return dx;
-      },
+      [](const RowMove& s, const NeedsGrad&, const Tensor<T>& dy) { return moved_rows(dy, s.reversed()); },
+      graph_backward([](const RowMove& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return moved_rows(dy, s.reversed());
+      }),
       x);
 }
 
@@ -371,6 +401,13 @@ template <class T> Var<T> concat(const std::vector<Var<T>>& xs, int axis) {
         }
         return dxs;
       },
+      graph_backward([=](const Saved& s, const NeedsGrad& needs, const std::vector<Var<T>>&, const Var<T>& dy) {
+        std::vector<Var<T>> dxs(s.shapes.size());
+        for (std::size_t k = 0; k < dxs.size(); ++k) {
+          if (needs[k]) dxs[k] = moved_rows(dy, RowMove{dy.shape(), s.shapes[k], in_y(s, k), in_x(s, k), count(s, k)});
+        }
+        return dxs;
+      }),
       xs);
 }
 

@@ -19,9 +19,13 @@
 #include <vector>
 
 #include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/loss.hpp"
 #include "tapegrad/ops/detail/row_sum.hpp"
 #include "tapegrad/ops/detail/softmax_stats.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 
@@ -236,6 +240,30 @@ std::tuple<Tensor<T>, Tensor<T>> device_cross_entropy_grads(const CrossEntropySa
 
 }  // namespace
 
+namespace {
+
+// The losses of primitive ops, for the recorded backward (create_graph).
+template <class T> Var<T> soft_cross_entropy(const Var<T>& logits, const Var<T>& targets) {
+  const double rows = static_cast<double>(logits.numel() / logits.shape().dim(-1));
+  return sum(log_softmax(logits) * targets) * (-1.0 / rows);
+}
+
+// labels [...] of classes as rows of a [..., C] matrix of 0 and 1 (on the cpu).
+template <class T> Tensor<T> one_hot(const Tensor<std::int64_t>& labels, const Shape& shape) {
+  const Tensor<std::int64_t> host = labels.to(Device::cpu());
+  Tensor<T> out = zeros<T>(shape);
+  const std::int64_t classes = shape.dim(-1);
+  for (std::int64_t r = 0; r < host.numel(); ++r) {
+    const std::int64_t label = host.flat(r);
+    check(label >= 0 && label < classes, "cross_entropy", "label ", label, " at position ", r, " is not a class in [0, ",
+          classes, ")");
+    out.flat(r * classes + label) = T(1);
+  }
+  return out;
+}
+
+}  // namespace
+
 template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
   using C = compute_t<T>;
   const OpScope scope = enter_op("mse_loss", pred, target);
@@ -273,6 +301,13 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
             },
             [&](auto) { return device_mse_grads(s, dy, needs); });
       },
+      graph_backward([](const MseSaved<T>&, const NeedsGrad&, const std::tuple<Var<T>, Var<T>>& in,
+                        const Var<T>& dy) {
+        const std::vector<Var<T>> g = composite_vjp<T>(
+            [](const std::vector<Var<T>>& v) { return mean(square(v[0] - v[1])); },
+            {std::get<0>(in), std::get<1>(in)}, dy);
+        return std::tuple{g[0], g[1]};
+      }),
       pred, target);
 }
 
@@ -299,6 +334,12 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Tensor<std::
             },
             [&](auto) { return std::get<0>(device_cross_entropy_grads(s, dy, true, false)); });
       },
+      graph_backward([labels](const Saved&, const NeedsGrad&, const std::tuple<Var<T>>& in, const Var<T>& dy) {
+        const Var<T>& x = std::get<0>(in);
+        const Var<T> targets = constant(one_hot<T>(labels, x.shape()).to(x.device()));
+        return composite_vjp<T>([&](const std::vector<Var<T>>& v) { return soft_cross_entropy(v[0], targets); },
+                                {x}, dy)[0];
+      }),
       logits);
 }
 
@@ -328,6 +369,12 @@ template <class T> Var<T> cross_entropy(const Var<T>& logits, const Var<T>& targ
             },
             [&](auto) { return device_cross_entropy_grads(s, dy, needs[0], needs[1]); });
       },
+      graph_backward([](const Saved&, const NeedsGrad&, const std::tuple<Var<T>, Var<T>>& in, const Var<T>& dy) {
+        const std::vector<Var<T>> g = composite_vjp<T>(
+            [](const std::vector<Var<T>>& v) { return soft_cross_entropy(v[0], v[1]); },
+            {std::get<0>(in), std::get<1>(in)}, dy);
+        return std::tuple{g[0], g[1]};
+      }),
       logits, target_probs);
 }
 

@@ -22,6 +22,8 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/ops/detail/broadcast.hpp"
 #include "tapegrad/ops/detail/gemm.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -270,6 +272,25 @@ std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulSaved<T>& s, const Ne
   return {da, db};
 }
 
+// The backward as matmuls of the operands' stacks (create_graph): dA = dC · Bᵀ and dB = Aᵀ · dC, each summed over
+// the batch axes its operand was broadcast along.
+template <class T>
+std::tuple<Var<T>, Var<T>> recorded_backward(const MatmulPlan& p, const NeedsGrad& needs,
+                                             const std::tuple<Var<T>, Var<T>>& in, const Var<T>& dc) {
+  const auto& [a, b] = in;
+  const Var<T> dc_stack = reshape(dc, with_matrix(p.batch, p.M, p.N).to_vector());
+  Var<T> da, db;
+  if (needs[0]) {
+    const Var<T> products = matmul(dc_stack, transpose(reshape(b, p.b_stack.to_vector())));
+    da = reshape(sum_to(products, p.a_stack), a.shape().to_vector());
+  }
+  if (needs[1]) {
+    const Var<T> products = matmul(transpose(reshape(a, p.a_stack.to_vector())), dc_stack);
+    db = reshape(sum_to(products, p.b_stack), b.shape().to_vector());
+  }
+  return {da, db};
+}
+
 }  // namespace
 
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
@@ -291,6 +312,8 @@ template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
             "matmul", dc.device(), [&] { return host_backward(s, needs, dc); },
             [&](auto) { return device_backward(s, needs, dc); });
       },
+      graph_backward([](const MatmulSaved<T>& s, const NeedsGrad& needs, const std::tuple<Var<T>, Var<T>>& in,
+                        const Var<T>& dc) { return recorded_backward(s.plan, needs, in, dc); }),
       a, b);
 }
 

@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/detail/norm_rows.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -114,6 +117,16 @@ template <class T> struct NormSaved {
   DeviceNorm<T> device;
 };
 
+// The norm of primitive ops, for the recorded backward (create_graph).
+template <class T>
+Var<T> composite_norm(const NormKind& kind, const NormOptions& options, const Var<T>& x, const Var<T>& gamma,
+                      const Var<T>* beta) {
+  const Var<T> centered = kind.centered ? Var<T>(x - mean(x, {-1}, true)) : x;
+  const Var<T> normalized = centered * rsqrt(mean(square(centered), {-1}, true) + options.epsilon);
+  const Var<T> scaled = options.zero_centered_gamma ? Var<T>(normalized * (gamma + 1.0)) : Var<T>(normalized * gamma);
+  return beta ? Var<T>(scaled + *beta) : scaled;
+}
+
 // Records the node; `beta` is empty or one Var.
 template <class T, class... Beta>
 Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T>& x, const Var<T>& gamma,
@@ -150,6 +163,19 @@ Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T
           return std::tuple{g.dx, g.dgamma};
         }
       },
+      graph_backward([kind, options](const NormSaved<T>&, const NeedsGrad&, const auto& in, const Var<T>& dy) {
+        const std::vector<Var<T>> inputs = std::apply([](const auto&... v) { return std::vector<Var<T>>{v...}; }, in);
+        const std::vector<Var<T>> g = composite_vjp<T>(
+            [&](const std::vector<Var<T>>& v) {
+              return composite_norm(kind, options, v[0], v[1], v.size() > 2 ? &v[2] : nullptr);
+            },
+            inputs, dy);
+        if constexpr (sizeof...(Beta) > 0) {
+          return std::tuple{g[0], g[1], g[2]};
+        } else {
+          return std::tuple{g[0], g[1]};
+        }
+      }),
       x, gamma, beta...);
 }
 

@@ -22,6 +22,7 @@
 #include "tapegrad/cuda/reduce.hpp"
 #include "tapegrad/ops/detail/axes.hpp"
 #include "tapegrad/ops/detail/broadcast.hpp"
+#include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -214,6 +215,15 @@ template <class T> Tensor<T> sum_on_device(const Tensor<T>& x, const ReduceLayou
   return y;
 }
 
+// x's shape with the reduced axes kept as 1.
+Shape kept_shape(const ReduceLayout& l) {
+  std::vector<std::int64_t> kept = l.x_shape.to_vector();
+  for (std::size_t a = 0; a < kept.size(); ++a) {
+    if (l.reduced[a]) kept[a] = 1;
+  }
+  return Shape(kept);
+}
+
 // dx = dy / divisor, broadcast over the reduced axes.
 template <class T> Tensor<T> spread_on_device(const Tensor<T>& dy, const ReduceLayout& l, double divisor) {
   Tensor<T> g = dy;
@@ -221,11 +231,12 @@ template <class T> Tensor<T> spread_on_device(const Tensor<T>& dy, const ReduceL
     g = Tensor<T>(dy.shape(), dy.device());
     cuda::divide(dtype_v<T>, dy.data(), divisor, g.data(), dy.numel(), dy.device().index);
   }
-  std::vector<std::int64_t> kept = l.x_shape.to_vector();  // x's shape with the reduced axes kept as 1
-  for (std::size_t a = 0; a < kept.size(); ++a) {
-    if (l.reduced[a]) kept[a] = 1;
-  }
-  return expand_to(g.reshape(Shape(kept)), l.x_shape);
+  return expand_to(g.reshape(kept_shape(l)), l.x_shape);
+}
+
+// The recorded backward of a reduction (create_graph): dy spread over the reduced axes.
+template <class T> Var<T> spread(const Var<T>& dy, const ReduceLayout& l) {
+  return broadcast_to(reshape(dy, kept_shape(l).to_vector()), l.x_shape);
 }
 
 // sum (divisor 1) and mean (divisor n) share everything but the divisor.
@@ -250,6 +261,9 @@ Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, con
             op, dy.device(), [&] { return from_layout(spread_middle(dy, s.layout, s.divisor), s.layout, op); },
             [&](auto) { return spread_on_device(dy, s.layout, s.divisor); });
       },
+      graph_backward([](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return s.divisor == 1.0 ? spread(dy, s.layout) : Var<T>(spread(dy, s.layout) / s.divisor);
+      }),
       x);
 }
 
@@ -289,6 +303,24 @@ Tensor<T> route_to_argmax(const Tensor<T>& xs, const Tensor<T>& y, const Tensor<
   return dx;
 }
 
+template <class T> struct MaxSaved {
+  ReduceLayout layout;
+  Tensor<T> xs;  // on the cpu: x in the layout's order, and
+  Tensor<T> y;   // the maxima: together they locate each group's first maximum
+  Tensor<std::int64_t> argmax;  // on a GPU: the flat index into x of each group's first maximum
+};
+
+// dy sent to each group's first maximum, zero elsewhere.
+template <class T> Tensor<T> to_argmax(const MaxSaved<T>& s, const Tensor<T>& dy) {
+  return by_device(
+      "max", dy.device(), [&] { return from_layout(route_to_argmax(s.xs, s.y, dy, s.layout), s.layout, "max"); },
+      [&](auto gpu) {
+        Tensor<T> dx = zeros<T>(s.layout.x_shape, gpu);
+        cuda::scatter_to_argmax(dtype_v<T>, dy.data(), s.argmax.data(), dy.numel(), dx.data(), gpu.index);
+        return dx;
+      });
+}
+
 }  // namespace
 
 template <class T> Var<T> sum(const Var<T>& x, std::vector<int> axes, bool keepdim) {
@@ -299,13 +331,46 @@ template <class T> Var<T> mean(const Var<T>& x, std::vector<int> axes, bool keep
   return sum_over(x, axes, keepdim, "mean", true);
 }
 
+template <class T> Var<T> broadcast_to(const Var<T>& x, const Shape& shape) {
+  const OpScope scope("broadcast_to");
+  check_defined_inputs("broadcast_to", x);
+  check(broadcast_shapes(x.shape(), shape, "broadcast_to") == shape, "broadcast_to", "cannot broadcast shape ",
+        x.shape(), " to ", shape);
+  if (x.shape() == shape) return x;
+  return custom_op<Shape>(
+      "broadcast_to",
+      [&](Shape& from, const Tensor<T>& xv) {
+        from = xv.shape();
+        return expand_to(xv, shape);
+      },
+      [](const Shape& from, const NeedsGrad&, const Tensor<T>& dy) { return sum_to(dy, from); },
+      graph_backward([](const Shape& from, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return sum_to(dy, from);
+      }),
+      x);
+}
+
+template <class T> Var<T> sum_to(const Var<T>& x, const Shape& shape) {
+  const OpScope scope("sum_to");
+  check_defined_inputs("sum_to", x);
+  check(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(), "sum_to", "cannot sum shape ", x.shape(),
+        " down to ", shape, " (it does not broadcast to it)");
+  if (x.shape() == shape) return x;
+  return custom_op<Shape>(
+      "sum_to",
+      [&](Shape& from, const Tensor<T>& xv) {
+        from = xv.shape();
+        return sum_to(xv, shape);
+      },
+      [](const Shape& from, const NeedsGrad&, const Tensor<T>& dy) { return expand_to(dy, from); },
+      graph_backward([](const Shape& from, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        return broadcast_to(dy, from);
+      }),
+      x);
+}
+
 template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepdim) {
-  struct Saved {
-    ReduceLayout layout;
-    Tensor<T> xs;  // on the cpu: x in the layout's order, and
-    Tensor<T> y;   // the maxima: together they locate each group's first maximum
-    Tensor<std::int64_t> argmax;  // on a GPU: the flat index into x of each group's first maximum
-  };
+  using Saved = MaxSaved<T>;
   return custom_op<Saved>(
       "max",
       [&](Saved& s, const Tensor<T>& x) {
@@ -328,22 +393,21 @@ template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepd
               return y;
             });
       },
-      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) {
-        return by_device(
-            "max", dy.device(), [&] { return from_layout(route_to_argmax(s.xs, s.y, dy, s.layout), s.layout, "max"); },
-            [&](auto gpu) {
-              Tensor<T> dx = zeros<T>(s.layout.x_shape, gpu);
-              cuda::scatter_to_argmax(dtype_v<T>, dy.data(), s.argmax.data(), dy.numel(), dx.data(), gpu.index);
-              return dx;
-            });
-      },
+      [](const Saved& s, const NeedsGrad&, const Tensor<T>& dy) { return to_argmax(s, dy); },
+      // dy spread over the reduced axes, kept at each group's maximum (a constant mask: zero second derivative)
+      graph_backward([](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
+        const Tensor<T> mask = to_argmax(s, ones<T>(dy.shape(), dy.device()));
+        return Var<T>(spread(dy, s.layout) * constant(mask));
+      }),
       x);
 }
 
 #define TAPEGRAD_INSTANTIATE_REDUCE(T)                               \
   template Var<T> sum<T>(const Var<T>&, std::vector<int>, bool);     \
   template Var<T> mean<T>(const Var<T>&, std::vector<int>, bool);    \
-  template Var<T> max<T>(const Var<T>&, std::vector<int>, bool);
+  template Var<T> max<T>(const Var<T>&, std::vector<int>, bool);     \
+  template Var<T> broadcast_to<T>(const Var<T>&, const Shape&);      \
+  template Var<T> sum_to<T>(const Var<T>&, const Shape&);
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_REDUCE)
 
 }  // namespace tapegrad

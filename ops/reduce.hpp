@@ -20,6 +20,11 @@ template <class T> Var<T> sum(const Var<T>& x, std::vector<int> axes = {}, bool 
 template <class T> Var<T> mean(const Var<T>& x, std::vector<int> axes = {}, bool keepdim = false);
 template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes = {}, bool keepdim = false);
 
+// The pair a broadcast's gradient goes through, each the other's backward: x broadcast (NumPy rules) to `shape`,
+// materialized; and x summed down to `shape`, which broadcasts to x's shape (sums as sum's).
+template <class T> Var<T> broadcast_to(const Var<T>& x, const Shape& shape);
+template <class T> Var<T> sum_to(const Var<T>& x, const Shape& shape);
+
 template <VarExpression E> auto sum(const E& e, std::vector<int> axes = {}, bool keepdim = false) {
   return sum(e.evaluate(), axes, keepdim);
 }

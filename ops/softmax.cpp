@@ -14,8 +14,11 @@
 #include <vector>
 
 #include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/softmax.hpp"
 #include "tapegrad/ops/detail/softmax_stats.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -85,6 +88,14 @@ template <class T> Tensor<T> device_softmax_backward(const SoftmaxSaved<T>& s, b
   return dx;
 }
 
+// softmax (log_softmax) of primitive ops, for the recorded backward (create_graph): shifted by the line's maximum
+// as a constant, which softmax does not depend on.
+template <class T> Var<T> composite_softmax(const Var<T>& x, int axis, bool log) {
+  const Var<T> shifted = x - constant(max(x.detach(), {axis}, true).value());
+  const Var<T> total = sum(exp(shifted), {axis}, true);
+  return log ? Var<T>(shifted - tapegrad::log(total)) : Var<T>(exp(shifted) / total);
+}
+
 // Records the node; forward and backward are the cpu path's, `log` picks the GPU path's kernels.
 template <class T, class Forward, class Backward>
 Var<T> record_softmax(const char* op, bool log, const Var<T>& x, int axis, Forward forward, Backward backward) {
@@ -108,6 +119,11 @@ Var<T> record_softmax(const char* op, bool log, const Var<T>& x, int axis, Forwa
             op, dy.device(), [&] { return backward(s, dy); },
             [&](auto) { return device_softmax_backward(s, log, dy); });
       },
+      graph_backward([log, axis](const SoftmaxSaved<T>&, const NeedsGrad&, const std::tuple<Var<T>>& in,
+                                 const Var<T>& dy) {
+        return composite_vjp<T>([&](const std::vector<Var<T>>& v) { return composite_softmax(v[0], axis, log); },
+                                {std::get<0>(in)}, dy)[0];
+      }),
       x);
 }
 

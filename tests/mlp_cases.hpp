@@ -75,6 +75,26 @@ template <class P> std::vector<Var<P>> defined_params(const Params<P>& p) {
   return all;
 }
 
+// The parameters from a gradcheck input list: x first, then the defined parameters in defined_params's order.
+template <class P> Params<P> params_from(const Case& c, const std::vector<Var<P>>& in) {
+  std::size_t i = 1;
+  Params<P> p;
+  p.gamma = in[i++];
+  if (c.has_beta()) p.beta = in[i++];
+  p.w1 = in[i++];
+  if (c.biases) p.b1 = in[i++];
+  p.w2 = in[i++];
+  if (c.biases) p.b2 = in[i++];
+  return p;
+}
+
+// x's values, then the defined parameters', as params_from reads them.
+template <class P> std::vector<Tensor<P>> values_of(const Tensor<P>& x, const Params<P>& p) {
+  std::vector<Tensor<P>> values{x};
+  for (const Var<P>& v : defined_params(p)) values.push_back(v.value());
+  return values;
+}
+
 inline std::string describe(const Case& c) {
   const auto& o = c.options;
   return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +

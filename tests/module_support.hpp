@@ -1,6 +1,6 @@
-// Helpers for the nn module tests: parameter values in double, random parameters, gradcheck of a module with
-// respect to its input and every parameter, and double references of the norm and the projection, written out as
-// loops so that they share no code with the modules.
+// Helpers for the nn module tests: parameter values in double, random parameters, gradcheck (and gradgradcheck) of a
+// module with respect to its input and every parameter, and double references of the norm and the projection, written
+// out as loops so that they share no code with the modules.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -34,14 +34,18 @@ template <class M> void randomize_parameters(M& module, std::uint64_t seed, doub
   }
 }
 
-// gradcheck of call(module, x) with respect to x and every parameter of a double module; the module keeps its own
-// parameters afterwards.
+using Checker = GradcheckResult (*)(const GradcheckFunction&, const std::vector<Tensor<double>>&,
+                                    const GradcheckOptions&);
+
+// gradcheck (or `check`: gradgradcheck) of call(module, x) with respect to x and every parameter of a double module;
+// the module keeps its own parameters afterwards.
 template <class M, class Call>
-GradcheckResult module_gradcheck(M& module, const Tensor<double>& x, Call call, const GradcheckOptions& options = {}) {
+GradcheckResult module_gradcheck(M& module, const Tensor<double>& x, Call call, const GradcheckOptions& options = {},
+                                 Checker check = gradcheck) {
   const nn::ParameterList parameters = module.parameters();
   std::vector<Tensor<double>> inputs{x};
   for (const nn::NamedParameter& p : parameters) inputs.push_back(std::get<Var<double>>(p.var).value());
-  GradcheckResult result = gradcheck(
+  GradcheckResult result = check(
       [&](const std::vector<Var<double>>& v) {
         for (std::size_t i = 0; i < parameters.size(); ++i) module.set_parameter(parameters[i].path, v[i + 1]);
         return call(module, v[0]);
@@ -50,8 +54,9 @@ GradcheckResult module_gradcheck(M& module, const Tensor<double>& x, Call call, 
   for (const nn::NamedParameter& p : parameters) module.set_parameter(p.path, p.var);
   return result;
 }
-template <class M> GradcheckResult module_gradcheck(M& module, const Tensor<double>& x) {
-  return module_gradcheck(module, x, [](const M& m, const Var<double>& input) { return m(input); });
+template <class M> GradcheckResult module_gradcheck(M& module, const Tensor<double>& x, Checker check = gradcheck) {
+  return module_gradcheck(
+      module, x, [](const M& m, const Var<double>& input) { return m(input); }, {}, check);
 }
 
 // The norm over the last axis: (x - mean)/sqrt(var + eps)·g (+ bias), g = scale or 1 + scale; rmsnorm: mean = 0.

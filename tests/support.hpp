@@ -66,7 +66,7 @@ template <class T> double relative_error(const Tensor<T>& got, const Tensor<doub
     diff_sq += diff * diff;
     want_sq += want.flat(i) * want.flat(i);
   }
-  return std::sqrt(diff_sq / want_sq);
+  return diff_sq == 0 ? 0.0 : std::sqrt(diff_sq / want_sq);  // an exact match is no error, also where want is 0
 }
 
 template <class T> bool bitwise_equal(const Tensor<T>& a, const Tensor<T>& b) {

@@ -46,20 +46,8 @@ TEST_CASE("layernorm_mlp equals the composite of primitive ops in double, output
 TEST_CASE("layernorm_mlp passes gradcheck for every activation, norm, gamma form, bias setting and policy") {
   for_each_case([](const Case& c) {
     const Params<double> p0 = make_params<double>(c, 4, 3, 40);
-    std::vector<Tensor<double>> inputs{randn<double>({2, 2, 4}, 41, 0.2, 1.2)};
-    for (const auto& v : defined_params(p0)) inputs.push_back(v.value());
-    auto f = [&](const std::vector<Var<double>>& in) {
-      std::size_t i = 1;
-      Params<double> p;
-      p.gamma = in[i++];
-      if (c.has_beta()) p.beta = in[i++];
-      p.w1 = in[i++];
-      if (c.biases) p.b1 = in[i++];
-      p.w2 = in[i++];
-      if (c.biases) p.b2 = in[i++];
-      return node(in[0], p, c.options).y;
-    };
-    CHECK(gradcheck(f, inputs));
+    auto f = [&](const std::vector<Var<double>>& in) { return node(in[0], params_from(c, in), c.options).y; };
+    CHECK(gradcheck(f, values_of(randn<double>({2, 2, 4}, 41, 0.2, 1.2), p0)));
   });
 }
 
@@ -161,21 +149,10 @@ template <class P> Params<double> params_to_double(const Params<P>& p) {
   return {to_double(p.gamma), to_double(p.beta), to_double(p.w1), to_double(p.b1), to_double(p.w2), to_double(p.b2)};
 }
 
-// ‖got - want‖₂ / ‖want‖₂. Gradients are compared by this norm rather than element by element: where z is within
+// Compares the node in T with parameters in P against the double composite on the same (rounded) values: the
+// output element by element, each gradient by its relative error (‖got - want‖₂ / ‖want‖₂): where z is within
 // rounding of a kink (relu's 0), the low-precision z may sit on the other side, and that element's derivative
 // jumps; the norm weighs such rare flips by their share of the whole.
-template <class T> double relative_error(const Tensor<T>& got, const Tensor<double>& want) {
-  REQUIRE(got.shape() == want.shape());
-  double diff = 0.0, norm = 0.0;
-  for (std::int64_t i = 0; i < want.numel(); ++i) {
-    diff += std::pow(convert<double>(got.flat(i)) - want.flat(i), 2);
-    norm += want.flat(i) * want.flat(i);
-  }
-  return std::sqrt(diff / norm);
-}
-
-// Compares the node in T with parameters in P against the double composite on the same (rounded) values: the
-// output element by element, each gradient by its relative error.
 template <class T, class P> void check_against_double(const Case& c, Tolerance output_tol, double grad_tol) {
   const Params<P> p = make_params<P>(c, 32, 48, 90);
   const Var<T> x = param(randn<T>({4, 6, 32}, 91, 0.5, 2.0));
@@ -191,12 +168,12 @@ template <class T, class P> void check_against_double(const Case& c, Tolerance o
   const auto want = composite(xd, ref, c.options);
   backward(weighted_loss(want, 92));
   test::check_close(got.y.value(), want.y.value(), output_tol);
-  CHECK(relative_error(x.grad(), xd.grad()) <= grad_tol);
+  CHECK(test::relative_error(x.grad(), xd.grad()) <= grad_tol);
   const auto node_params = defined_params(p);
   const auto ref_params = defined_params(ref);
   for (std::size_t i = 0; i < node_params.size(); ++i) {
     CAPTURE(i);
-    CHECK(relative_error(node_params[i].grad(), ref_params[i].grad()) <= grad_tol);
+    CHECK(test::relative_error(node_params[i].grad(), ref_params[i].grad()) <= grad_tol);
   }
 }
 

@@ -295,6 +295,16 @@ TEST_CASE("every module matches its double reference and passes gradcheck for it
   });
 }
 
+TEST_CASE("every module passes gradgradcheck for its input and parameters") {
+  for_each_module<double, void>([](const std::string& name, auto make, const Shape& in, auto) {
+    CAPTURE(name);
+    auto m = make(23);
+    test::randomize_parameters(m, 110);
+    const GradcheckResult result = test::module_gradcheck(m, randn<double>(in, 24, 0.5, 2.0), gradgradcheck);
+    CHECK_MESSAGE(result.passed, result.report);
+  });
+}
+
 TEST_CASE("LayerNorm matches the formula and passes gradcheck for every norm type, bias and gamma setting") {
   for (NormType type : {NormType::layernorm, NormType::rmsnorm}) {
     for (bool use_bias : {false, true}) {

@@ -25,9 +25,11 @@ class VarSlot {
   virtual ~VarSlot() = default;
   virtual Shape shape() const = 0;
   virtual DType dtype() const = 0;
-  // The gradient flowing into this variable during the current backward pass.
+  // The gradient flowing into this variable during the current backward pass: a tensor, or under create_graph a
+  // recorded variable (whose value pending_value() makes readable as the tensor, for a backward that reads tensors).
   virtual bool has_pending() const = 0;
   virtual void drop_pending() = 0;
+  virtual void pending_value() = 0;
   // Adds the pending gradient to the user-visible `.grad` (for retained non-leaf variables).
   virtual void keep_pending() = 0;
 
@@ -64,7 +66,12 @@ class Node {
   static void operator delete(void* node, std::size_t bytes) noexcept { detail::block_free(node, bytes); }
 
   const std::string& name() const { return *name_; }
+  // Reads the pending gradients of `outputs` and adds gradients into `inputs`.
   virtual void backward() = 0;
+  // The same under create_graph, recorded on the active tape, so that the gradients are variables that can be
+  // differentiated again. A node without its own runs backward() and hands out gradients that a later backward
+  // cannot pass: differentiating them again throws naming the node (never a silent zero).
+  virtual void backward_graph();
   // Frees what forward saved; after this, backward may not run again.
   virtual void release_saved() = 0;
 
@@ -79,5 +86,30 @@ class Node {
   std::string owned_name_;
   const std::string* name_;
 };
+
+namespace detail {
+// The node whose backward() a create_graph pass runs in place of a recorded one (null otherwise): the gradients it
+// adds become variables made by a node that refuses to be differentiated.
+const Node*& once_differentiable_node();
+// Records on the active tape that `gradient` came from `from`'s backward() under create_graph.
+void record_once_differentiable(const std::shared_ptr<VarSlot>& gradient, const Node& from);
+
+// grad()'s pass: the variables whose gradients it hands back, each with the leaf that collects them; leaves outside
+// it are left alone (their .grad untouched).
+struct GradCapture {
+  std::vector<std::pair<const VarSlot*, VarSlot*>> sinks{};
+  // A nested pass's floor (Tape::backward): a gradient for a variable made below it stops at its sink, leaving the
+  // enclosing pass's gradients alone.
+  std::size_t floor = 0;
+  VarSlot* sink_of(const VarSlot* slot) const {
+    for (const auto& [from, sink] : sinks) {
+      if (from == slot) return sink;
+    }
+    return nullptr;
+  }
+};
+// This thread's pass in grad(), or null.
+GradCapture*& grad_capture();
+}  // namespace detail
 
 }  // namespace tapegrad

@@ -28,7 +28,9 @@
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/detail/broadcast.hpp"
 #include "tapegrad/ops/detail/element_term.hpp"
+#include "tapegrad/ops/detail/packet_math.hpp"
 #include "tapegrad/ops/detail/row_sum.hpp"
+#include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/core/detail/op_scope.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -59,9 +61,42 @@ template <class To, class X> auto cast_to(const X& x) {
   }
 }
 
-// The scalar `v` in the element type of the Eigen expression `x`; for a Term, a constant term.
-template <class X> auto scalar_of(const X&, double v) { return typename Eigen::internal::traits<X>::Scalar(v); }
+// The scalar `v` in the element type of the Eigen expression `x`; for a Term, a constant term; for a recorded value,
+// v itself (a Var expression takes scalars as they are).
+template <class X> auto scalar_of(const X&, double v) {
+  if constexpr (Recorded<X>) {
+    return v;
+  } else {
+    return typename Eigen::internal::traits<X>::Scalar(v);
+  }
+}
 inline Term scalar_of(const Term&, double v) { return Term::constant(v); }
+
+// One op recorded (create_graph), defined in ops/detail/elementwise_graph.hpp and instantiated there for every op
+// and dtype, so that the expressions a program writes instantiate no expression of their own for it: the op's
+// value, and its step of the chain rule (op.backward(x, g) for a unary op, Op::backward_a and backward_b for a
+// binary one).
+template <class Op, class T> Var<T> recorded_unary(const Op& op, const Var<T>& x);
+template <class Op, class T> Var<T> recorded_binary(const Var<T>& x, const Var<T>& y);
+template <class Op, class T> Var<T> recorded_backward(const Op& op, const Var<T>& x, const Var<T>& g);
+template <class Op, class T> Var<T> recorded_backward_a(const Var<T>& x, const Var<T>& y, const Var<T>& g);
+template <class Op, class T> Var<T> recorded_backward_b(const Var<T>& x, const Var<T>& y, const Var<T>& g);
+
+// The values of an expression's nodes during its recorded backward, each computed once: by node, its Var (returned
+// by value: a later node's value may move the stored ones).
+template <class T> class RecordedValues {
+ public:
+  template <class Make> Var<T> of(const void* node, Make&& make) {
+    for (const auto& [key, value] : values_) {
+      if (key == node) return value;
+    }
+    values_.emplace_back(node, std::forward<Make>(make)());
+    return values_.back().second;
+  }
+
+ private:
+  std::vector<std::pair<const void*, Var<T>>> values_;  // (a few: one per op of the expression)
+};
 
 // Each leaf's gradient term, where one is needed (the GPU's backward).
 using GradientTerms = std::vector<std::optional<Term>>;
@@ -176,6 +211,21 @@ template <class T> class Leaf : public ExpressionTag {
   template <int Offset> Term term() const { return Term::input(Offset); }
   template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const { grads[Offset] = g; }
 
+  // The recorded counterparts (create_graph), over the node's input variables `xs`: the expression rebuilt on them,
+  // and each leaf's gradient as a Var of the output's shape (summed down to the leaf's by the node).
+  template <int Offset, std::size_t N>
+  const Var<T>& value_of(const std::array<Var<T>, N>& xs, RecordedValues<T>&) const {
+    return xs[Offset];
+  }
+  template <int Offset, std::size_t N>
+  void backprop_recorded(const std::array<Var<T>, N>&, const Var<T>& g, std::array<Var<T>, N>& grads,
+                         RecordedValues<T>&) const {
+    grads[Offset] = g;
+  }
+  template <int Offset, std::size_t N> static bool needs_recorded(const std::array<Var<T>, N>& xs) {
+    return xs[Offset].requires_grad();
+  }
+
   bool requires_grad() const { return var_.requires_grad(); }
   template <int Offset, class Ctx> static bool needs_grad(const Ctx& ctx) { return ctx.needs_grad[Offset]; }
   template <int Offset, class Slots> void collect(Slots& out) const { out[Offset] = var_.slot(); }
@@ -209,6 +259,18 @@ template <class Op, class A> class Unary : public ExpressionTag {
   template <int Offset> void backprop_terms(const Term& g, GradientTerms& grads) const {
     if (!a_.requires_grad()) return;
     a_.template backprop_terms<Offset>(op_.backward(a_.template term<Offset>(), g), grads);
+  }
+  template <int Offset, class Xs, class Values> auto value_of(const Xs& xs, Values& values) const {
+    return values.of(this, [&] { return recorded_unary(op_, a_.template value_of<Offset>(xs, values)); });
+  }
+  template <int Offset, class Xs, class G, class Grads, class Values>
+  void backprop_recorded(const Xs& xs, const G& g, Grads& grads, Values& values) const {
+    if (!a_.template needs_recorded<Offset>(xs)) return;
+    a_.template backprop_recorded<Offset>(
+        xs, recorded_backward(op_, a_.template value_of<Offset>(xs, values), g), grads, values);
+  }
+  template <int Offset, class Xs> bool needs_recorded(const Xs& xs) const {
+    return a_.template needs_recorded<Offset>(xs);
   }
   bool requires_grad() const { return a_.requires_grad(); }
   template <int Offset, class Ctx> bool needs_grad(const Ctx& ctx) const { return a_.template needs_grad<Offset>(ctx); }
@@ -257,6 +319,26 @@ template <class Op, class A, class B> class Binary : public ExpressionTag {
     const Term y = b_.template term<Offset + A::leaves>();
     if (a_.requires_grad()) a_.template backprop_terms<Offset>(Op::backward_a(x, y, g), grads);
     if (b_.requires_grad()) b_.template backprop_terms<Offset + A::leaves>(Op::backward_b(x, y, g), grads);
+  }
+  template <int Offset, class Xs, class Values> auto value_of(const Xs& xs, Values& values) const {
+    return values.of(this, [&] {
+      return recorded_binary<Op>(a_.template value_of<Offset>(xs, values),
+                                 b_.template value_of<Offset + A::leaves>(xs, values));
+    });
+  }
+  template <int Offset, class Xs, class G, class Grads, class Values>
+  void backprop_recorded(const Xs& xs, const G& g, Grads& grads, Values& values) const {
+    const bool to_a = a_.template needs_recorded<Offset>(xs), to_b = b_.template needs_recorded<Offset + A::leaves>(xs);
+    if (!to_a && !to_b) return;
+    const auto x = a_.template value_of<Offset>(xs, values);
+    const auto y = b_.template value_of<Offset + A::leaves>(xs, values);
+    if (to_a) a_.template backprop_recorded<Offset>(xs, recorded_backward_a<Op>(x, y, g), grads, values);
+    if (to_b) {
+      b_.template backprop_recorded<Offset + A::leaves>(xs, recorded_backward_b<Op>(x, y, g), grads, values);
+    }
+  }
+  template <int Offset, class Xs> bool needs_recorded(const Xs& xs) const {
+    return a_.template needs_recorded<Offset>(xs) || b_.template needs_recorded<Offset + A::leaves>(xs);
   }
   bool requires_grad() const { return a_.requires_grad() || b_.requires_grad(); }
   template <int Offset, class Ctx> bool needs_grad(const Ctx& ctx) const {
@@ -332,6 +414,26 @@ void with_context(const BroadcastPlan& plan, const std::array<const Tensor<T>*, 
   }
 }
 
+// The recorded backward of an expression's node (create_graph): the chain rule walked op by op over the node's input
+// variables, each op's value computed again and each op's step of the chain rule recorded
+// (ops/detail/elementwise_graph.hpp); a broadcast leaf's gradient summed down to its shape (sum_to, recorded).
+template <class E> void backward_recorded(const E& expr, const Node& node) {
+  using T = typename E::element_type;
+  const auto& g = static_cast<const VarImpl<T>&>(*node.outputs[0].lock()).pending_graph;
+  if (!g) return;
+  std::array<Var<T>, E::leaves> xs, grads;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    xs[k] = Var<T>::from_slot(std::static_pointer_cast<VarImpl<T>>(node.inputs[k]));
+  }
+  RecordedValues<T> values;
+  expr.template backprop_recorded<0>(xs, Var<T>::from_slot(g), grads, values);
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    const Var<T> grad = sum_to(grads[k], xs[k].shape());
+    static_cast<VarImpl<T>&>(*node.inputs[k]).accumulate(grad.slot(), node.name());
+  }
+}
+
 template <class E> class ExpressionNode final : public Node {
   using T = typename E::element_type;
   using C = compute_t<T>;
@@ -363,6 +465,7 @@ template <class E> class ExpressionNode final : public Node {
       static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
     }
   }
+  void backward_graph() override { backward_recorded(*expr_, *this); }
   void release_saved() override { expr_.reset(); }
 
  private:
@@ -416,6 +519,7 @@ template <class E> class GpuExpressionNode final : public Node {
       if (grads[k].defined()) static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
     }
   }
+  void backward_graph() override { backward_recorded(*expr_, *this); }
   void release_saved() override { expr_.reset(); }
 
  private:

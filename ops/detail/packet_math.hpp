@@ -9,6 +9,12 @@
 #include "tapegrad/ops/detail/element_term.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 
+namespace tapegrad::expr {
+// A value of the recorded chain rule (create_graph: ops/elementwise_graph.cpp), which builds expressions of Vars
+// from the same op definitions.
+template <class X> concept Recorded = requires { typename X::recorded; };
+}  // namespace tapegrad::expr
+
 namespace tapegrad::expr::math {
 
 // Eigen's functor F, its scalar path through F's packet code where F has one.
@@ -29,11 +35,27 @@ template <template <class> class Op, class X> auto lane_zero(const X& x) {
   return x.unaryExpr(LaneZero<Op<typename Eigen::internal::traits<X>::Scalar>>{});
 }
 
-template <class X> auto exp(const X& x) { return lane_zero<Eigen::internal::scalar_exp_op>(x); }
-template <class X> auto log(const X& x) { return lane_zero<Eigen::internal::scalar_log_op>(x); }
-template <class X> auto tanh(const X& x) { return lane_zero<Eigen::internal::scalar_tanh_op>(x); }
-template <class X> auto sigmoid(const X& x) { return lane_zero<Eigen::internal::scalar_logistic_op>(x); }
-template <class X> auto rsqrt(const X& x) { return lane_zero<Eigen::internal::scalar_rsqrt_op>(x); }
+// (A recorded value, expr::Recorded, has these as members.)
+template <class X> auto exp(const X& x) {
+  if constexpr (Recorded<X>) return x.exp();
+  else return lane_zero<Eigen::internal::scalar_exp_op>(x);
+}
+template <class X> auto log(const X& x) {
+  if constexpr (Recorded<X>) return x.log();
+  else return lane_zero<Eigen::internal::scalar_log_op>(x);
+}
+template <class X> auto tanh(const X& x) {
+  if constexpr (Recorded<X>) return x.tanh();
+  else return lane_zero<Eigen::internal::scalar_tanh_op>(x);
+}
+template <class X> auto sigmoid(const X& x) {
+  if constexpr (Recorded<X>) return x.sigmoid();
+  else return lane_zero<Eigen::internal::scalar_logistic_op>(x);
+}
+template <class X> auto rsqrt(const X& x) {
+  if constexpr (Recorded<X>) return x.rsqrt();
+  else return lane_zero<Eigen::internal::scalar_rsqrt_op>(x);
+}
 inline Term exp(const Term& x) { return x.exp(); }
 inline Term log(const Term& x) { return x.log(); }
 inline Term tanh(const Term& x) { return x.tanh(); }

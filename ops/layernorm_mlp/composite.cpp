@@ -64,8 +64,7 @@ LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gam
   template LayerNormMLPOutput<T> layernorm_mlp_composite<T>(const Var<T>&, const Var<T>&, const Var<T>&,     \
                                                             const MLPKernels<T>&, const MLPBiases<T>&,       \
                                                             const LayerNormMLPOptions&);
-// f32 and f64 only: what the tests and benchmarks compare against; each dtype costs ~1 CPU-minute of build.
-TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_COMPOSITE(float)
-TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_COMPOSITE(double)
+// Every dtype: the node's create_graph backward records it in the node's compute dtype (recorded_backward.cpp).
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_COMPOSITE)
 
 }  // namespace tapegrad

@@ -12,6 +12,7 @@
 #include "tapegrad/ops/layernorm_mlp/detail/check.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/cpu_steps.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/gpu_steps.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/recorded_backward.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -74,18 +75,27 @@ auto record_layernorm_mlp(const Dims& dims, const LayerNormMLPOptions& options, 
         op_name, dy.device(), [&] { return gradients(detail::mlp::cpu_backward(c.cpu, dy, dh_out, need)); },
         [&](auto) { return gradients(detail::mlp::gpu_backward<T, P>(c.gpu, dy, dh_out, need)); });
   };
+  // Under create_graph: the same gradients, recorded (detail/recorded_backward.hpp); dh as for backward.
+  const detail::mlp::Present present{has_beta, has_b1, has_b2};
+  const auto recorded = [options, present](const Context<T>&, const NeedsGrad&,
+                                           const detail::mlp::NodeVars<T, P>& inputs, const Var<T>& dy,
+                                           const auto&... dh) {
+    Var<T> dh_out;
+    ((dh_out = dh), ...);
+    return detail::mlp::recorded_backward<T, P>(options, present, inputs, dy, dh_out);
+  };
   if constexpr (WithNorm) {
     return custom_op<Context<T>>(
         op_name, forward,
         [backward](const Context<T>& c, const NeedsGrad& needs, const Tensor<T>& dy, const Tensor<T>& dh) {
           return backward(c, needs, dy, dh);
         },
-        x, gamma, beta, w1, b1, w2, b2);
+        graph_backward(recorded), x, gamma, beta, w1, b1, w2, b2);
   } else {
     return custom_op<Context<T>>(
         op_name, forward,
         [backward](const Context<T>& c, const NeedsGrad& needs, const Tensor<T>& dy) { return backward(c, needs, dy); },
-        x, gamma, beta, w1, b1, w2, b2);
+        graph_backward(recorded), x, gamma, beta, w1, b1, w2, b2);
   }
 }
 

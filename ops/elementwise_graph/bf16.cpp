@@ -1,0 +1,6 @@
+// The recorded chain rule of every elementwise op in bf16 (one dtype per file: each is a long compile).
+#include "tapegrad/ops/detail/elementwise_graph.hpp"
+
+namespace tapegrad::expr {
+TAPEGRAD_RECORDED_OPS(::tapegrad::bf16)
+}  // namespace tapegrad::expr
