@@ -68,8 +68,10 @@ void fusion();
 void matmul();
 void layernorm_mlp();
 void adjoint();
+void higher_order();
 void gpu_matmul();     // builds with CUDA only
 void gpu_bandwidth();  // builds with CUDA only
 void gpu_layernorm_mlp();  // builds with CUDA only
+void gpu_higher_order();   // builds with CUDA only
 
 }  // namespace bench

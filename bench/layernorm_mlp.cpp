@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "bench.hpp"
+#include "cpu_mlp_block.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 namespace bench {
@@ -14,19 +15,11 @@ namespace {
 
 using namespace tapegrad;
 
-struct Config {
-  std::int64_t M, H, F;
-};
-constexpr Config configs[] = {{64, 64, 256}, {256, 256, 1024}};
-constexpr Activation activations[] = {Activation::gelu, Activation::swiglu};
-
-template <class T> void run_config(const Config& cfg, Activation activation) {
-  const std::int64_t n = activation_width(activation);
-  const Var<T> x = param(randn<T>({cfg.M, cfg.H}, 1, 0.0, 1.0));
-  const Var<T> gamma = param(randn<T>({cfg.H}, 2, 1.0, 0.1)), beta = param(randn<T>({cfg.H}, 3, 0.0, 0.1));
-  const MLPKernels<T> kernels{param(randn<T>({cfg.H, n, cfg.F}, 4, 0.0, 1.0 / std::sqrt(double(cfg.H)))),
-                              param(randn<T>({cfg.F, cfg.H}, 5, 0.0, 1.0 / std::sqrt(double(cfg.F))))};
-  const MLPBiases<T> biases{param(randn<T>({n, cfg.F}, 6, 0.0, 0.1)), param(randn<T>({cfg.H}, 7, 0.0, 0.1))};
+template <class T> void run_config(const MLPBlockConfig& cfg, Activation activation) {
+  const std::vector<Tensor<T>> in = mlp_block_inputs<T>(cfg, activation);
+  const Var<T> x = param(in[0]), gamma = param(in[1]), beta = param(in[2]);
+  const MLPKernels<T> kernels{param(in[3]), param(in[5])};
+  const MLPBiases<T> biases{param(in[4]), param(in[6])};
   const Tensor<T> seed = randn<T>({cfg.M, cfg.H}, 8);
   const LayerNormMLPOptions options{.activation = activation};
 
@@ -91,7 +84,7 @@ template <class T> double saved_bytes(const std::function<Var<T>()>& f) {
   return static_cast<double>(allocated_bytes() - before) - static_cast<double>(y.numel() * sizeof(T));
 }
 
-template <class T> void report_memory(const Config& cfg, Activation activation) {
+template <class T> void report_memory(const MLPBlockConfig& cfg, Activation activation) {
   const std::int64_t n = activation_width(activation);
   const Var<T> x = param(randn<T>({cfg.M, cfg.H}, 1)), gamma = param(ones<T>({cfg.H})), beta = param(zeros<T>({cfg.H}));
   const MLPKernels<T> kernels{param(randn<T>({cfg.H, n, cfg.F}, 4)), param(randn<T>({cfg.F, cfg.H}, 5))};
@@ -118,8 +111,8 @@ template <class T> void report_memory(const Config& cfg, Activation activation) 
 }  // namespace
 
 void layernorm_mlp() {
-  for (const Config& cfg : configs) {
-    for (Activation activation : activations) {
+  for (const MLPBlockConfig& cfg : mlp_block_configs) {
+    for (Activation activation : mlp_block_activations) {
       run_config<float>(cfg, activation);
       run_config<double>(cfg, activation);
       report_memory<float>(cfg, activation);

@@ -1,7 +1,7 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [gpu_bandwidth]
-//                  [gpu_matmul] [gpu_layernorm_mlp]
+//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [higher_order]
+//                  [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
 // OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
@@ -35,12 +35,17 @@ int main(int argc, char** argv) {
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
     } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" || arg == "adjoint" ||
+               arg == "higher_order" ||
                (tapegrad::cuda::enabled &&
-                (arg == "gpu_bandwidth" || arg == "gpu_matmul" || arg == "gpu_layernorm_mlp"))) {
+                (arg == "gpu_bandwidth" || arg == "gpu_matmul" || arg == "gpu_layernorm_mlp" ||
+                 arg == "gpu_higher_order"))) {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint]"
-                << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp]" : "") << "\n";
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] "
+                   "[higher_order]"
+                << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order]"
+                                            : "")
+                << "\n";
       return 2;
     }
   }
@@ -59,9 +64,11 @@ int main(int argc, char** argv) {
   if (wanted("matmul")) bench::matmul();
   if (wanted("layernorm_mlp")) bench::layernorm_mlp();
   if (wanted("adjoint")) bench::adjoint();
+  if (wanted("higher_order")) bench::higher_order();
   if constexpr (tapegrad::cuda::enabled) {
     if (wanted("gpu_bandwidth")) bench::gpu_bandwidth();
     if (wanted("gpu_matmul")) bench::gpu_matmul();
     if (wanted("gpu_layernorm_mlp")) bench::gpu_layernorm_mlp();
+    if (wanted("gpu_higher_order")) bench::gpu_higher_order();
   }
 }
