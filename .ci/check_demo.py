@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks a program's output (stdin) against the output the README shows under a section: "## The demo" unless the
-section's title is given (check_demo.py "Higher-order gradients"), its last code block.
+section's title is given (check_demo.py "Higher-order gradients"), its last code block without a language.
 
 Every line of the README's block must appear in the output, in order; a line ending in "..." only up to there, and a
 line that is just "..." stands for any number of lines.
@@ -12,7 +12,8 @@ import sys
 readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text(encoding='utf-8')
 title = sys.argv[1] if len(sys.argv) > 1 else 'The demo'
 section = readme.split(f'\n## {title}\n', 1)[1].split('\n## ', 1)[0]
-shown = re.findall(r'\n```\n(.*?)\n```', section, re.S)[-1].splitlines()
+blocks = re.findall(r'\n```(\w*)\n(.*?)\n```', section, re.S)  # (language, text)
+shown = [text for language, text in blocks if not language][-1].splitlines()
 output = sys.stdin.read().splitlines()
 
 position = 0

@@ -1,10 +1,10 @@
 #include "tapegrad/autodiff/tape.hpp"
 
 #include <algorithm>
-#include <utility>
 #include <mutex>
 #include <unordered_map>
 #include <thread>
+#include <utility>
 
 #include "tapegrad/autodiff/gradient_hook.hpp"
 #include "tapegrad/tensor/core/error.hpp"
