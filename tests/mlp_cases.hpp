@@ -48,6 +48,13 @@ template <class P> Params<P> make_params(const Case& c, std::int64_t H, std::int
   return p;
 }
 
+// p's values in U on `device`, as new leaves.
+template <class U, class From>
+Params<U> params_in(const Params<From>& p, Device device = Device::cpu()) {
+  const auto in_u = [&](const Var<From>& v) { return v.defined() ? param(cast<U>(v.value()).to(device)) : Var<U>(); };
+  return {in_u(p.gamma), in_u(p.beta), in_u(p.w1), in_u(p.b1), in_u(p.w2), in_u(p.b2)};
+}
+
 template <class T> LayerNormMLPOutput<T> composite(const Var<T>& x, const Params<T>& p, const LayerNormMLPOptions& o) {
   return layernorm_mlp_composite(x, p.gamma, p.beta, p.kernels(), p.biases(), o);
 }

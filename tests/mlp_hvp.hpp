@@ -40,11 +40,4 @@ Tensor<double> rounded_to(const Tensor<double>& t) {
   return cast<double>(cast<U>(t));
 }
 
-// p's values in U on `device`, as new leaves.
-template <class U, class From>
-Params<U> params_in(const Params<From>& p, Device device = Device::cpu()) {
-  const auto in_u = [&](const Var<From>& v) { return v.defined() ? param(cast<U>(v.value()).to(device)) : Var<U>(); };
-  return {in_u(p.gamma), in_u(p.beta), in_u(p.w1), in_u(p.b1), in_u(p.w2), in_u(p.b2)};
-}
-
 }  // namespace tapegrad::mlp_test

@@ -35,11 +35,6 @@ namespace {
 // Bounds on ‖gpu - cpu‖ / ‖cpu‖ (see above).
 template <class T> double bound() { return std::is_same_v<T, float> ? 0.08 : 0.16; }
 
-template <class P> Params<P> on(const Params<P>& p, Device device) {
-  auto leaf = [&](const Var<P>& v) { return v.defined() ? param(v.value().to(device)) : Var<P>(); };
-  return {leaf(p.gamma), leaf(p.beta), leaf(p.w1), leaf(p.b1), leaf(p.w2), leaf(p.b2)};
-}
-
 struct Worst {
   double y = 0, grad = 0;
 };
@@ -63,7 +58,7 @@ void check_case(const Case& c, const Shape& x_shape, std::int64_t F, const Named
                 Worst& worst, bool fast_accumulation = false) {
   const Tensor<T> x = randn<T>(x_shape, seed, 0.2, 1.0);
   const Params<P> cpu_params = make_params<P>(c, x_shape.dim(-1), F, seed + 1);
-  const Params<P> gpu_params = on(cpu_params, gpu);
+  const Params<P> gpu_params = params_in<P>(cpu_params, gpu);
   LayerNormMLPOptions cpu_options = c.options, gpu_options = c.options;
   cpu_options.fp8 = fp8_quantization(r.recipe);
   gpu_options.fp8 = fp8_quantization(r.recipe);
@@ -122,7 +117,7 @@ TEST_CASE("delayed scaling's state after GPU steps is the CPU's") {
   const Case c{.options = {.activation = Activation::swiglu}};
   const Tensor<float> x = randn<float>({4, 8, 48}, seed, 0.2, 1.0);
   const Params<float> cpu_params = make_params<float>(c, 48, 64, seed + 1);
-  const Params<float> gpu_params = on(cpu_params, gpu);
+  const Params<float> gpu_params = params_in<float>(cpu_params, gpu);
   const fp8::DelayedScaling recipe{.amax_history_len = 3};
   LayerNormMLPOptions cpu_options = c.options, gpu_options = c.options;
   cpu_options.fp8 = fp8_quantization(recipe);
@@ -158,7 +153,7 @@ TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second ru
     CAPTURE(r.name);
     for (Activation act : {Activation::gelu, Activation::swiglu}) {
       const Case c{.options = {.activation = act}};
-      check_bitwise_across_policies(x, on(make_params<bf16>(c, 136, 40, seed + 1), gpu), c, r, seed + 2);
+      check_bitwise_across_policies(x, params_in<bf16>(make_params<bf16>(c, 136, 40, seed + 1), gpu), c, r, seed + 2);
     }
   }
 }
@@ -167,7 +162,7 @@ TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second ru
 // codes, which only recompute_all's forward keeps.
 TEST_CASE("a second fp8 backward on the GPU under retain_graph repeats the first with recompute_all, else says why not") {
   const Case c{};
-  const Params<float> p = on(make_params<float>(c, 32, 48, 5), gpu);
+  const Params<float> p = params_in<float>(make_params<float>(c, 32, 48, 5), gpu);
   for (Recompute policy : {Recompute::save_all, Recompute::recompute_norm, Recompute::recompute_all}) {
     CAPTURE(recompute_name(policy));
     LayerNormMLPOptions o = c.options;
@@ -190,13 +185,13 @@ TEST_CASE("a second fp8 backward on the GPU under retain_graph repeats the first
 
 TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {
   const Case c{};
-  const Params<double> pd = on(make_params<double>(c, 16, 16, 1), gpu);
+  const Params<double> pd = params_in<double>(make_params<double>(c, 16, 16, 1), gpu);
   LayerNormMLPOptions o = c.options;
   o.fp8 = fp8_quantization(fp8::CurrentScaling{});
   CHECK_THROWS_WITH_AS(node(param(randn<double>({4, 16}, 2).to(gpu)), pd, o),
                        doctest::Contains("fp8 on a GPU computes in f32, bf16 or f16"), Error);
   // The tape is still usable.
-  const Params<float> pf = on(make_params<float>(c, 16, 16, 1), gpu);
+  const Params<float> pf = params_in<float>(make_params<float>(c, 16, 16, 1), gpu);
   o.fp8 = fp8_quantization(fp8::CurrentScaling{});
   const Var<float> x = param(randn<float>({4, 16}, 3).to(gpu));
   backward(sum(node(x, pf, o).y));
