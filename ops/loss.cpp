@@ -23,7 +23,7 @@
 #include "tapegrad/cuda/loss.hpp"
 #include "tapegrad/ops/detail/row_sum.hpp"
 #include "tapegrad/ops/detail/softmax_stats.hpp"
-#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -244,8 +244,9 @@ namespace {
 
 // The losses of primitive ops, for the recorded backward (create_graph).
 template <class T> Var<T> soft_cross_entropy(const Var<T>& logits, const Var<T>& targets) {
+  using V = detail::Unfused<T>;
   const double rows = static_cast<double>(logits.numel() / logits.shape().dim(-1));
-  return sum(log_softmax(logits) * targets) * (-1.0 / rows);
+  return (V{sum((V{log_softmax(logits)} * V{targets}).v)} * (-1.0 / rows)).v;
 }
 
 // labels [...] of classes as rows of a [..., C] matrix of 0 and 1 (on the cpu).
@@ -304,7 +305,10 @@ template <class T> Var<T> mse_loss(const Var<T>& pred, const Var<T>& target) {
       graph_backward([](const MseSaved<T>&, const NeedsGrad&, const std::tuple<Var<T>, Var<T>>& in,
                         const Var<T>& dy) {
         const std::vector<Var<T>> g = composite_vjp<T>(
-            [](const std::vector<Var<T>>& v) { return mean(square(v[0] - v[1])); },
+            [](const std::vector<Var<T>>& v) {
+              using V = detail::Unfused<T>;
+              return mean(square(V{v[0]} - V{v[1]}).v);
+            },
             {std::get<0>(in), std::get<1>(in)}, dy);
         return std::tuple{g[0], g[1]};
       }),

@@ -22,8 +22,7 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/ops/detail/broadcast.hpp"
 #include "tapegrad/ops/detail/gemm.hpp"
-#include "tapegrad/ops/layout.hpp"
-#include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/ops/detail/matmul_vjp.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -31,7 +30,8 @@ namespace tapegrad {
 namespace {
 
 struct MatmulPlan {
-  Shape out;  // the result's shape, without the axes of vector operands
+  Shape a_shape, b_shape;  // the operands'
+  Shape out;               // the result's shape, without the axes of vector operands
   std::int64_t M = 0, K = 0, N = 0;
   Shape batch;             // the broadcast batch axes
   Shape a_stack, b_stack;  // the operands as matrix stacks, [a batch..., M, K] and [b batch..., K, N]
@@ -68,6 +68,8 @@ MatmulPlan plan_matmul(const Shape& a, const Shape& b) {
   check(a.rank() >= 1 && b.rank() >= 1, "matmul", "both operands need at least one dimension, got shapes ", a,
         " and ", b);
   MatmulPlan p;
+  p.a_shape = a;
+  p.b_shape = b;
   p.K = a.dim(-1);
   const std::int64_t kb = b.dim(b.rank() >= 2 ? -2 : -1);
   check(p.K == kb, "matmul", "shapes ", a, " and ", b, " do not align: ", p.K, " != ", kb);
@@ -228,12 +230,12 @@ std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulSaved<T>& s, const 
   if (needs[0]) {  // dA = dC · Bᵀ
     const DeviceOperand<T> b = device_operand(s.b, p.b_stack, p.b_matrices, p);
     da = device_gradient(p.a_stack, p.a_matrices, p, dc_stack, b.stack(Transpose::yes), dc.device())
-             .reshape(s.a.shape());
+             .reshape(p.a_shape);
   }
   if (needs[1]) {  // dB = Aᵀ · dC
     const DeviceOperand<T> a = device_operand(s.a, p.a_stack, p.a_matrices, p);
     db = device_gradient(p.b_stack, p.b_matrices, p, a.stack(Transpose::yes), dc_stack, dc.device())
-             .reshape(s.b.shape());
+             .reshape(p.b_shape);
   }
   return {da, db};
 }
@@ -257,14 +259,14 @@ std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulSaved<T>& s, const Ne
   Tensor<T> da, db;
   if (needs[0]) {  // dA = dC · Bᵀ
     const Tensor<C> b_c = cast<C>(s.b);
-    Tensor<C> da_c(s.a.shape());
+    Tensor<C> da_c(p.a_shape);
     batched_gemm<C>(dc_stack, {b_c.data(), p.b_matrices, p.K, p.N, p.b_index, Transpose::yes},
                     {da_c.data(), p.a_matrices, p.M, p.K, p.a_index});
     da = cast<T>(da_c);
   }
   if (needs[1]) {  // dB = Aᵀ · dC
     const Tensor<C> a_c = cast<C>(s.a);
-    Tensor<C> db_c(s.b.shape());
+    Tensor<C> db_c(p.b_shape);
     batched_gemm<C>({a_c.data(), p.a_matrices, p.M, p.K, p.a_index, Transpose::yes}, dc_stack,
                     {db_c.data(), p.b_matrices, p.K, p.N, p.b_index});
     db = cast<T>(db_c);
@@ -272,40 +274,74 @@ std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulSaved<T>& s, const Ne
   return {da, db};
 }
 
-// The backward as matmuls of the operands' stacks (create_graph): dA = dC · Bᵀ and dB = Aᵀ · dC, each summed over
-// the batch axes its operand was broadcast along.
-template <class T>
-std::tuple<Var<T>, Var<T>> recorded_backward(const MatmulPlan& p, const NeedsGrad& needs,
-                                             const std::tuple<Var<T>, Var<T>>& in, const Var<T>& dc) {
-  const auto& [a, b] = in;
-  const Var<T> dc_stack = reshape(dc, with_matrix(p.batch, p.M, p.N).to_vector());
-  Var<T> da, db;
-  if (needs[0]) {
-    const Var<T> products = matmul(dc_stack, transpose(reshape(b, p.b_stack.to_vector())));
-    da = reshape(sum_to(products, p.a_stack), a.shape().to_vector());
-  }
-  if (needs[1]) {
-    const Var<T> products = matmul(transpose(reshape(a, p.a_stack.to_vector())), dc_stack);
-    db = reshape(sum_to(products, p.b_stack), b.shape().to_vector());
-  }
-  return {da, db};
+// The plan's three products on the device where the tensors live: C = A·B, and the gradients dA = dC·Bᵀ and
+// dB = Aᵀ·dC, each summed over the batch axes its operand was broadcast along.
+template <class T> Tensor<T> product(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
+  return by_device(
+      "matmul", a.device(), [&] { return host_forward(p, a, b); }, [&](auto) { return device_forward(p, a, b); });
+}
+template <class T> Tensor<T> operand_gradient(const MatmulPlan& p, int operand, const Tensor<T>& other,
+                                              const Tensor<T>& dc) {
+  const MatmulSaved<T> s{p, operand == 1 ? other : Tensor<T>(), operand == 0 ? other : Tensor<T>()};
+  const NeedsGrad needs({operand == 0, operand == 1});
+  const auto grads = by_device(
+      "matmul", dc.device(), [&] { return host_backward(s, needs, dc); },
+      [&](auto) { return device_backward(s, needs, dc); });
+  return operand == 0 ? std::get<0>(grads) : std::get<1>(grads);
 }
 
-}  // namespace
+template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, const Var<T>& b);
 
-template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
-  const OpScope scope = enter_op("matmul", a, b);
-  check_same_device("matmul", a, b);
-  MatmulPlan plan = plan_matmul(a.shape(), b.shape());
+// The recorded backward (create_graph): dA = dC·Bᵀ and dB = Aᵀ·dC each as a node of its own, run as the plain
+// backward runs them (transposes as GEMM flags, never copies). Each is bilinear, and its derivatives are products of
+// the same three kinds: for dA = dC·Bᵀ at cotangent U (A's shape), ∂dC = U·B and ∂B = Uᵀ·dC; for dB = Aᵀ·dC at U
+// (B's shape), ∂A = dC·Uᵀ and ∂dC = A·U.
+template <class T> Var<T> operand_gradient_node(const MatmulPlan& p, int operand, const Var<T>& other, const Var<T>& dc) {
+  struct Saved {
+    Tensor<T> other, dc;
+  };
+  // (first, second) are the node's inputs: (dC, B) for operand 0, (A, dC) for operand 1.
+  const bool a_grad = operand == 0;
+  const auto [first, second] = a_grad ? std::pair{dc, other} : std::pair{other, dc};
+  return custom_op<Saved>(
+      a_grad ? "matmul_backward_a" : "matmul_backward_b",
+      [&](Saved& s, const Tensor<T>& x, const Tensor<T>& y) {
+        s = a_grad ? Saved{y, x} : Saved{x, y};
+        return operand_gradient(p, operand, s.other, s.dc);
+      },
+      [p, a_grad](const Saved& s, const NeedsGrad& needs, const Tensor<T>& u) {
+        Tensor<T> g_first, g_second;
+        if (a_grad) {  // inputs (dC, B)
+          if (needs[0]) g_first = product(p, u, s.other);
+          if (needs[1]) g_second = operand_gradient(p, 1, u, s.dc);
+        } else {  // inputs (A, dC)
+          if (needs[0]) g_first = operand_gradient(p, 0, u, s.dc);
+          if (needs[1]) g_second = product(p, s.other, u);
+        }
+        return std::tuple{g_first, g_second};
+      },
+      graph_backward([p, a_grad](const Saved&, const NeedsGrad& needs, const std::tuple<Var<T>, Var<T>>& in,
+                                 const Var<T>& u) {
+        const auto& [x, y] = in;
+        Var<T> g_first, g_second;
+        if (a_grad) {
+          if (needs[0]) g_first = matmul_of_plan(p, u, y);
+          if (needs[1]) g_second = operand_gradient_node(p, 1, u, x);
+        } else {
+          if (needs[0]) g_first = operand_gradient_node(p, 0, u, y);
+          if (needs[1]) g_second = matmul_of_plan(p, x, u);
+        }
+        return std::tuple{g_first, g_second};
+      }),
+      first, second);
+}
+
+template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, const Var<T>& b) {
   return custom_op<MatmulSaved<T>>(
       "matmul",
       [&](MatmulSaved<T>& s, const Tensor<T>& x, const Tensor<T>& y) {
-        s.plan = std::move(plan);
-        s.a = x;
-        s.b = y;
-        return by_device(
-            "matmul", x.device(), [&] { return host_forward(s.plan, x, y); },
-            [&](auto) { return device_forward(s.plan, x, y); });
+        s = {p, x, y};
+        return product(p, x, y);
       },
       [](const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
         return by_device(
@@ -313,11 +349,54 @@ template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
             [&](auto) { return device_backward(s, needs, dc); });
       },
       graph_backward([](const MatmulSaved<T>& s, const NeedsGrad& needs, const std::tuple<Var<T>, Var<T>>& in,
-                        const Var<T>& dc) { return recorded_backward(s.plan, needs, in, dc); }),
+                        const Var<T>& dc) {
+        const auto& [a, b] = in;
+        return std::tuple{needs[0] ? operand_gradient_node(s.plan, 0, b, dc) : Var<T>(),
+                          needs[1] ? operand_gradient_node(s.plan, 1, a, dc) : Var<T>()};
+      }),
       a, b);
 }
 
-#define TAPEGRAD_INSTANTIATE_MATMUL(T) template Var<T> matmul<T>(const Var<T>&, const Var<T>&);
+}  // namespace
+
+template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
+  const OpScope scope = enter_op("matmul", a, b);
+  check_same_device("matmul", a, b);
+  return matmul_of_plan(plan_matmul(a.shape(), b.shape()), a, b);
+}
+
+namespace {
+
+// The plan of matmul(a, b) for its gradient at dc, dc's shape checked against the product's.
+template <class T> MatmulPlan gradient_plan(const Shape& a, const Shape& b, const Var<T>& dc) {
+  MatmulPlan p = plan_matmul(a, b);
+  check(dc.shape() == p.out, "matmul", "the gradient has shape ", dc.shape(), " but the product of ", a, " and ", b,
+        " has shape ", p.out);
+  return p;
+}
+
+}  // namespace
+
+namespace detail {
+
+template <class T> Var<T> matmul_grad_a(const Shape& a_shape, const Var<T>& b, const Var<T>& dc) {
+  const OpScope scope = enter_op("matmul", b, dc);
+  check_same_device("matmul", b, dc);
+  return operand_gradient_node(gradient_plan(a_shape, b.shape(), dc), 0, b, dc);
+}
+
+template <class T> Var<T> matmul_grad_b(const Var<T>& a, const Shape& b_shape, const Var<T>& dc) {
+  const OpScope scope = enter_op("matmul", a, dc);
+  check_same_device("matmul", a, dc);
+  return operand_gradient_node(gradient_plan(a.shape(), b_shape, dc), 1, a, dc);
+}
+
+}  // namespace detail
+
+#define TAPEGRAD_INSTANTIATE_MATMUL(T)                                         \
+  template Var<T> matmul<T>(const Var<T>&, const Var<T>&);                     \
+  template Var<T> detail::matmul_grad_a<T>(const Shape&, const Var<T>&, const Var<T>&);  \
+  template Var<T> detail::matmul_grad_b<T>(const Var<T>&, const Shape&, const Var<T>&);
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_MATMUL)
 
 }  // namespace tapegrad

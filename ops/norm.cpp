@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "tapegrad/autodiff/custom_op.hpp"
-#include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/detail/norm_rows.hpp"
+#include "tapegrad/ops/detail/norm_second_order.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -117,14 +117,55 @@ template <class T> struct NormSaved {
   DeviceNorm<T> device;
 };
 
-// The norm of primitive ops, for the recorded backward (create_graph).
+// The gradients of the node's inputs at `dy`, on the device where they live.
 template <class T>
-Var<T> composite_norm(const NormKind& kind, const NormOptions& options, const Var<T>& x, const Var<T>& gamma,
-                      const Var<T>* beta) {
-  const Var<T> centered = kind.centered ? Var<T>(x - mean(x, {-1}, true)) : x;
-  const Var<T> normalized = centered * rsqrt(mean(square(centered), {-1}, true) + options.epsilon);
-  const Var<T> scaled = options.zero_centered_gamma ? Var<T>(normalized * (gamma + 1.0)) : Var<T>(normalized * gamma);
-  return beta ? Var<T>(scaled + *beta) : scaled;
+Grads<T> norm_backward(const char* op, const NormSaved<T>& s, const Tensor<T>& dy, bool need_dx, bool need_dgamma,
+                       bool need_dbeta) {
+  return by_device(
+      op, dy.device(), [&] { return host_norm_backward(s.host, dy, need_dx, need_dgamma, need_dbeta); },
+      [&](auto) { return device_norm_backward(s.device, dy, need_dx, need_dgamma, need_dbeta); });
+}
+
+template <class T> struct NormBackwardSaved {
+  NormSaved<T> norm;
+  Tensor<T> x, gamma, dy;
+};
+
+// The recorded backward (create_graph): the fused backward as a node of its own over (x, gamma, dy), giving
+// (dx, dgamma[, dbeta]), whose backward is ops/detail/norm_second_order.hpp's.
+template <class T, bool has_beta>
+auto record_norm_backward(const NormKind& kind, const NormOptions& options, const NormSaved<T>& saved,
+                          const Var<T>& x, const Var<T>& gamma, const Var<T>& dy) {
+  const auto second_order = [kind, options](const Var<T>& xv, const Var<T>& gammav, const Var<T>& dyv,
+                                            const Var<T>& u, const Var<T>& c_gamma, const auto&... c_beta) {
+    const Var<T>* c_beta_or_null = nullptr;
+    ((c_beta_or_null = &c_beta), ...);
+    const detail::NormSecondOrder<T> g = detail::norm_second_order(
+        kind.centered, options.epsilon, options.zero_centered_gamma, xv, gammav, dyv, u, c_gamma, c_beta_or_null);
+    return std::tuple{g.dx, g.dgamma, g.ddy};
+  };
+  return custom_op<NormBackwardSaved<T>>(
+      std::string(kind.op) + "_backward",
+      [&](NormBackwardSaved<T>& s, const Tensor<T>& xv, const Tensor<T>& gammav, const Tensor<T>& dyv) {
+        s = {saved, xv, gammav, dyv};
+        const Grads<T> g = norm_backward(kind.op, saved, dyv, true, true, has_beta);
+        if constexpr (has_beta) {
+          return std::tuple{g.dx, g.dgamma, g.dbeta};
+        } else {
+          return std::tuple{g.dx, g.dgamma};
+        }
+      },
+      [second_order](const NormBackwardSaved<T>& s, const NeedsGrad&, const auto&... cotangents) {
+        const NoGradGuard no_grad;  // the same formulas, run as plain kernels
+        const auto [dx, dgamma, ddy] =
+            second_order(constant(s.x), constant(s.gamma), constant(s.dy), constant(cotangents)...);
+        return std::tuple{dx.value(), dgamma.value(), ddy.value()};
+      },
+      graph_backward([second_order](const NormBackwardSaved<T>&, const NeedsGrad&,
+                                    const std::tuple<Var<T>, Var<T>, Var<T>>& in, const auto&... cotangents) {
+        return std::apply([&](const auto&... v) { return second_order(v..., cotangents...); }, in);
+      }),
+      x, gamma, dy);
 }
 
 // Records the node; `beta` is empty or one Var.
@@ -153,27 +194,20 @@ Var<T> record_norm(const NormKind& kind, const NormOptions& options, const Var<T
       },
       [op = kind.op](const NormSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
         constexpr bool has_beta = sizeof...(Beta) > 0;
-        const bool need_dgamma = needs[1], need_dbeta = has_beta && needs[2];
-        const Grads<T> g = by_device(
-            op, dy.device(), [&] { return host_norm_backward(s.host, dy, needs[0], need_dgamma, need_dbeta); },
-            [&](auto) { return device_norm_backward(s.device, dy, needs[0], need_dgamma, need_dbeta); });
+        const Grads<T> g = norm_backward(op, s, dy, needs[0], needs[1], has_beta && needs[2]);
         if constexpr (has_beta) {
           return std::tuple{g.dx, g.dgamma, g.dbeta};
         } else {
           return std::tuple{g.dx, g.dgamma};
         }
       },
-      graph_backward([kind, options](const NormSaved<T>&, const NeedsGrad&, const auto& in, const Var<T>& dy) {
-        const std::vector<Var<T>> inputs = std::apply([](const auto&... v) { return std::vector<Var<T>>{v...}; }, in);
-        const std::vector<Var<T>> g = composite_vjp<T>(
-            [&](const std::vector<Var<T>>& v) {
-              return composite_norm(kind, options, v[0], v[1], v.size() > 2 ? &v[2] : nullptr);
-            },
-            inputs, dy);
-        if constexpr (sizeof...(Beta) > 0) {
-          return std::tuple{g[0], g[1], g[2]};
+      graph_backward([kind, options](const NormSaved<T>& s, const NeedsGrad&, const auto& in, const Var<T>& dy) {
+        constexpr bool has_beta = sizeof...(Beta) > 0;
+        const auto grads = record_norm_backward<T, has_beta>(kind, options, s, std::get<0>(in), std::get<1>(in), dy);
+        if constexpr (has_beta) {
+          return grads;
         } else {
-          return std::tuple{g[0], g[1]};
+          return std::tuple{std::get<0>(grads), std::get<1>(grads)};
         }
       }),
       x, gamma, beta...);

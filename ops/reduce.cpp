@@ -22,7 +22,7 @@
 #include "tapegrad/cuda/reduce.hpp"
 #include "tapegrad/ops/detail/axes.hpp"
 #include "tapegrad/ops/detail/broadcast.hpp"
-#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -262,7 +262,8 @@ Var<T> sum_over(const Var<T>& x, const std::vector<int>& axes, bool keepdim, con
             [&](auto) { return spread_on_device(dy, s.layout, s.divisor); });
       },
       graph_backward([](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
-        return s.divisor == 1.0 ? spread(dy, s.layout) : Var<T>(spread(dy, s.layout) / s.divisor);
+        const Var<T> spread_dy = spread(dy, s.layout);
+        return s.divisor == 1.0 ? spread_dy : (detail::Unfused<T>{spread_dy} * (1.0 / s.divisor)).v;
       }),
       x);
 }
@@ -397,7 +398,8 @@ template <class T> Var<T> max(const Var<T>& x, std::vector<int> axes, bool keepd
       // dy spread over the reduced axes, kept at each group's maximum (a constant mask: zero second derivative)
       graph_backward([](const Saved& s, const NeedsGrad&, const std::tuple<Var<T>>&, const Var<T>& dy) {
         const Tensor<T> mask = to_argmax(s, ones<T>(dy.shape(), dy.device()));
-        return Var<T>(spread(dy, s.layout) * constant(mask));
+        using V = detail::Unfused<T>;
+        return (V{spread(dy, s.layout)} * V{constant(mask)}).v;
       }),
       x);
 }

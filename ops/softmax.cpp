@@ -17,7 +17,7 @@
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/softmax.hpp"
 #include "tapegrad/ops/detail/softmax_stats.hpp"
-#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
@@ -90,10 +90,12 @@ template <class T> Tensor<T> device_softmax_backward(const SoftmaxSaved<T>& s, b
 
 // softmax (log_softmax) of primitive ops, for the recorded backward (create_graph): shifted by the line's maximum
 // as a constant, which softmax does not depend on.
-template <class T> Var<T> composite_softmax(const Var<T>& x, int axis, bool log) {
-  const Var<T> shifted = x - constant(max(x.detach(), {axis}, true).value());
-  const Var<T> total = sum(exp(shifted), {axis}, true);
-  return log ? Var<T>(shifted - tapegrad::log(total)) : Var<T>(exp(shifted) / total);
+template <class T> Var<T> composite_softmax(const Var<T>& x, int axis, bool take_log) {
+  using V = detail::Unfused<T>;
+  const V shifted = V{x} - V{constant(max(x.detach(), {axis}, true).value())};
+  const V e = exp(shifted);
+  const V total{sum(e.v, {axis}, true)};
+  return take_log ? (shifted - log(total)).v : (e / total).v;
 }
 
 // Records the node; forward and backward are the cpu path's, `log` picks the GPU path's kernels.

@@ -74,6 +74,15 @@ inline std::vector<Tensor<double>> numeric_hvp(const F& f, const std::vector<Ten
   return hv;
 }
 
+// f's gradient in its first input, squared and summed (a gradient penalty): its second derivatives are f's third,
+// through the recorded backward's own backward.
+inline F penalty_of(F f) {
+  return [f](const Inputs& in) {
+    const Var<double> g = grad({f(in)}, {in[0]}, {.create_graph = true})[0];
+    return sum(g * g);
+  };
+}
+
 inline std::vector<Case> elementwise_cases() {
   return {
       {"x * y + x / y", [](const Inputs& in) { return sum(in[0] * in[1] + in[0] / in[1]); }, {{3, 4}, {3, 4}}, true},
@@ -104,6 +113,9 @@ inline std::vector<Case> tensor_cases() {
        [](const Inputs& in) { return sum(tanh(matmul(in[0], in[1]))); },
        {{2, 3, 4}, {4, 2}}},
       {"matrix · vector", [](const Inputs& in) { return sum(exp(matmul(in[0], in[1]) * 0.3)); }, {{3, 4}, {4}}},
+      {"matmul's gradient penalty (third derivatives)",
+       penalty_of([](const Inputs& in) { return sum(tanh(matmul(in[0], in[1]))); }),
+       {{2, 3, 4}, {4, 2}}},
       {"sum and mean over axes",
        [](const Inputs& in) { return sum(square(sum(in[0], {1}) + mean(in[0] * in[0], {0}, false))); },
        {{3, 3}}},
@@ -142,6 +154,14 @@ inline std::vector<Case> norm_and_loss_cases(Device device = Device::cpu()) {
        {{2, 5}, {5}}},
       {"rmsnorm",
        [](const Inputs& in) { return sum(square(rmsnorm(in[0], in[1], {.epsilon = 1e-3})) * in[0]); },
+       {{3, 4}, {4}}},
+      {"layernorm's gradient penalty (third derivatives)",
+       penalty_of([](const Inputs& in) {
+         return sum(tanh(layernorm(in[0], in[1], in[2], {.epsilon = 1e-3, .zero_centered_gamma = true})) * in[0]);
+       }),
+       {{3, 4}, {4}, {4}}},
+      {"rmsnorm's gradient penalty (third derivatives)",
+       penalty_of([](const Inputs& in) { return sum(tanh(rmsnorm(in[0], in[1], {.epsilon = 1e-3})) * in[0]); }),
        {{3, 4}, {4}}},
       {"mse_loss", [](const Inputs& in) { return mse_loss(in[0] * in[0], in[1]); }, {{3, 2}, {3, 2}}},
       {"cross_entropy with labels",

@@ -3,42 +3,50 @@
 #include "tapegrad/ops/activation.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/check.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/composite_stages.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/norm.hpp"
 
 namespace tapegrad {
 
-namespace {
+namespace detail::mlp {
 
-// The activation of z [..., n·F]: fn(z₀), times gate(z₁) for gated ones (z₀ = z[..., :F], z₁ = z[..., F:]), as one
-// fused expression of primitive ops where it can be.
-template <class T> Var<T> activation_of(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
-  const ActivationForm form = detail::mlp::activation_form(o, "layernorm_mlp_composite");
-  const double L = form.limit;
-  const Var<T> z0 = slice(z, -1, 0, F);
-  auto gated = [&](const auto& fn) -> Var<T> {
-    if (form.gate == ActivationGate::none) return fn;
-    const Var<T> z1 = slice(z, -1, F, 2 * F);
-    if (form.gate == ActivationGate::linear) return fn * z1;
-    const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);  // clamp(z₁, -L, L)
-    return fn * (z1c + 1.0);
-  };
-  switch (form.fn) {
-    case ActivationFunction::relu: return gated(relu(z0));
-    case ActivationFunction::gelu_tanh: return gated(gelu_tanh(z0));
-    case ActivationFunction::swish: return gated(expr::make_unary(ops::Silu{{form.alpha}}, z0));  // x·σ(alpha·x)
-    case ActivationFunction::squared_relu: return gated(squared_relu(z0));
-    case ActivationFunction::sigmoid: return gated(sigmoid(z0));
-    case ActivationFunction::clamped_swish: {
-      const Var<T> z0c = z0 - relu(z0 - L);  // min(z₀, L)
-      return gated(z0c * sigmoid(z0c * form.alpha));
-    }
-  }
-  throw Error("layernorm_mlp_composite: unknown activation function");
+template <class T>
+Var<T> composite_norm(const Var<T>& x, const Var<T>& gamma, const Var<T>& beta, const LayerNormMLPOptions& options) {
+  const NormOptions norm{.epsilon = options.epsilon, .zero_centered_gamma = options.zero_centered_gamma};
+  return options.norm == NormType::rmsnorm ? rmsnorm(x, gamma, norm)
+         : beta.defined()                   ? layernorm(x, gamma, beta, norm)
+                                            : layernorm(x, gamma, norm);
 }
 
-}  // namespace
+template <class T> Var<T> composite_activation(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
+  const ActivationForm form = activation_form(o, "layernorm_mlp_composite");
+  const double L = form.limit;
+  const Var<T> z0 = form.gate == ActivationGate::none ? z : slice(z, -1, 0, F);
+  // fn(z₀) as a Var of its own, so that each function and each gate compile once (not once per pair).
+  const Var<T> fn = [&]() -> Var<T> {
+    switch (form.fn) {
+      case ActivationFunction::relu: return relu(z0);
+      case ActivationFunction::gelu_tanh: return gelu_tanh(z0);
+      case ActivationFunction::swish: return expr::make_unary(ops::Silu{{form.alpha}}, z0);  // x·σ(alpha·x)
+      case ActivationFunction::squared_relu: return squared_relu(z0);
+      case ActivationFunction::sigmoid: return sigmoid(z0);
+      case ActivationFunction::clamped_swish: {
+        const Var<T> z0c = z0 - relu(z0 - L);  // min(z₀, L)
+        return z0c * sigmoid(z0c * form.alpha);
+      }
+    }
+    throw Error("layernorm_mlp_composite: unknown activation function");
+  }();
+  if (form.gate == ActivationGate::none) return fn;
+  const Var<T> z1 = slice(z, -1, F, 2 * F);
+  if (form.gate == ActivationGate::linear) return fn * z1;
+  const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);  // clamp(z₁, -L, L)
+  return fn * (z1c + 1.0);
+}
+
+}  // namespace detail::mlp
 
 template <class T>
 LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gamma, const Var<T>& beta,
@@ -48,19 +56,19 @@ LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gam
       detail::mlp::check_arguments("layernorm_mlp_composite", x, gamma, beta, kernels, biases, options);
   check(!options.fp8, "layernorm_mlp_composite",
         "fp8 quantization is the node's alone: the composite of primitive ops multiplies T values");
-  const NormOptions norm{.epsilon = options.epsilon, .zero_centered_gamma = options.zero_centered_gamma};
-  const Var<T> h = options.norm == NormType::rmsnorm ? rmsnorm(x, gamma, norm)
-                   : beta.defined()                   ? layernorm(x, gamma, beta, norm)
-                                                      : layernorm(x, gamma, norm);
+  const Var<T> h = detail::mlp::composite_norm(x, gamma, beta, options);
   const std::int64_t H = dims.hidden, n = dims.width, F = dims.ffn;
   Var<T> z = matmul(h, reshape(kernels.w1, {H, n * F}));
   if (biases.b1.defined()) z = z + reshape(biases.b1, {n * F});
-  Var<T> y = matmul(activation_of(z, F, options), kernels.w2);
+  Var<T> y = matmul(detail::mlp::composite_activation(z, F, options), kernels.w2);
   if (biases.b2.defined()) y = y + biases.b2;
   return {y, options.return_layernorm_output ? h : Var<T>()};
 }
 
 #define TAPEGRAD_INSTANTIATE_LAYERNORM_MLP_COMPOSITE(T)                                                      \
+  template Var<T> detail::mlp::composite_norm<T>(const Var<T>&, const Var<T>&, const Var<T>&,                \
+                                                 const LayerNormMLPOptions&);                                \
+  template Var<T> detail::mlp::composite_activation<T>(const Var<T>&, std::int64_t, const LayerNormMLPOptions&); \
   template LayerNormMLPOutput<T> layernorm_mlp_composite<T>(const Var<T>&, const Var<T>&, const Var<T>&,     \
                                                             const MLPKernels<T>&, const MLPBiases<T>&,       \
                                                             const LayerNormMLPOptions&);

@@ -1,13 +1,16 @@
 #include "tapegrad/ops/layernorm_mlp/detail/recorded_backward.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/layernorm_mlp/composite.hpp"
+#include "tapegrad/ops/detail/matmul_vjp.hpp"
+#include "tapegrad/ops/layernorm_mlp/detail/composite_stages.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduce.hpp"
-#include "tapegrad/tensor/factories.hpp"
 
 namespace tapegrad::detail::mlp {
 
@@ -24,6 +27,52 @@ void check_differentiable_twice(const LayerNormMLPOptions& options) {
   }
 }
 
+// The composite's gradients stage by stage, each stage's vector-Jacobian product recorded: the forward stages up to
+// the activation (h, z, a) rerun as recorded ops; the output product's gradients from dy alone (it is never
+// recomputed); the activation's and the norm's through composite_vjp (the activation's value is the one it records).
+template <class T>
+std::vector<Var<T>> composite_gradients(const LayerNormMLPOptions& options, const std::vector<Var<T>>& in,
+                                        const Var<T>& dy, const Var<T>& dh) {
+  const Var<T>&x = in[0], &gamma = in[1], &beta = in[2], &w1 = in[3], &b1 = in[4], &w2 = in[5], &b2 = in[6];
+  const std::int64_t H = w1.shape().dim(0), n = w1.shape().dim(1), F = w1.shape().dim(2);
+  const std::vector<Var<T>> norm_in = beta.defined() ? std::vector{x, gamma, beta} : std::vector{x, gamma};
+  const auto norm = [&](const std::vector<Var<T>>& v) {
+    return composite_norm(v[0], v[1], v.size() > 2 ? v[2] : Var<T>(), options);
+  };
+  std::vector<Var<T>> g(in.size());
+  const auto norm_gradients = [&](const Var<T>& seed) {
+    const std::vector<Var<T>> dnorm = composite_vjp<T>(norm, norm_in, seed);
+    std::copy(dnorm.begin(), dnorm.end(), g.begin());
+  };
+  const Var<T> h = norm(norm_in);
+  const Var<T> w1_matrix = reshape(w1, {H, n * F});
+  Var<T> z = matmul(h, w1_matrix);
+  if (b1.defined()) z = z + reshape(b1, {n * F});
+  const auto activation = [&](const std::vector<Var<T>>& v) { return composite_activation(v[0], F, options); };
+  Var<T> a, dz;
+  if (z.requires_grad()) {
+    std::vector<std::int64_t> a_shape = dy.shape().to_vector();
+    a_shape.back() = F;
+    const Var<T> da = matmul_grad_a(Shape(a_shape), w2, dy);
+    dz = composite_vjp<T>([&](const std::vector<Var<T>>& v) { return a = activation(v); }, {z}, da)[0];
+  } else {
+    a = activation({z});
+  }
+  if (w2.requires_grad()) g[5] = matmul_grad_b(a, w2.shape(), dy);
+  if (b2.defined() && b2.requires_grad()) g[6] = sum_to(dy, b2.shape());
+  if (dz.defined()) {
+    if (w1.requires_grad()) g[3] = reshape(matmul_grad_b(h, w1_matrix.shape(), dz), w1.shape().to_vector());
+    if (b1.defined() && b1.requires_grad()) g[4] = reshape(sum_to(dz, Shape{n * F}), b1.shape().to_vector());
+    if (h.requires_grad()) {
+      const Var<T> dh_product = matmul_grad_a(h.shape(), w1_matrix, dz);
+      norm_gradients(dh.defined() ? Var<T>(dh_product + dh) : dh_product);
+    }
+  } else if (dh.defined() && h.requires_grad()) {
+    norm_gradients(dh);
+  }
+  return g;
+}
+
 }  // namespace
 
 template <class T, class P>
@@ -33,34 +82,13 @@ NodeVars<T, P> recorded_backward(const LayerNormMLPOptions& options, Present pre
   const auto& [x, gamma, beta, w1, b1, w2, b2] = inputs;
   // In the node's compute dtype T, as its forward computes (so bf16 products run on the tensor cores).
   const auto in_t = [](const auto& v, bool present) { return present ? cast<T>(v) : Var<T>(); };
-  // The composite's inputs: defined ones only (composite_vjp differentiates each), absent ones stay undefined.
   const std::vector<Var<T>> all{in_t(x, true),  in_t(gamma, true), in_t(beta, present.beta), in_t(w1, true),
                                 in_t(b1, present.b1), in_t(w2, true), in_t(b2, present.b2)};
-  std::vector<Var<T>> defined;
-  for (const Var<T>& v : all) {
-    if (v.defined()) defined.push_back(v);
-  }
-  const DifferentiableFunction<T> surrogate = [&](const std::vector<Var<T>>& in) {
-    std::size_t next = 0;
-    const auto take = [&](const Var<T>& v) { return v.defined() ? in[next++] : Var<T>(); };
-    const Var<T> xc = take(all[0]), gc = take(all[1]), bc = take(all[2]), w1c = take(all[3]), b1c = take(all[4]),
-                 w2c = take(all[5]), b2c = take(all[6]);
-    LayerNormMLPOptions composite_options = options;
-    composite_options.return_layernorm_output = dh.defined();
-    const LayerNormMLPOutput<T> out = layernorm_mlp_composite(xc, gc, bc, {w1c, w2c}, {b1c, b2c}, composite_options);
-    Var<T> s = sum(out.y * dy);
-    if (dh.defined()) s = s + sum(out.layernorm_output * dh);
-    return s;
+  const std::vector<Var<T>> g = composite_gradients(options, all, dy, dh);
+  const auto back = [&]<class U>(std::size_t k, const Var<U>&) {
+    return g[k].defined() ? cast<U>(g[k]) : Var<U>();
   };
-  const std::vector<Var<T>> g = composite_vjp(surrogate, defined, constant(ones<T>(Shape{}, dy.device())));
-  std::size_t next = 0;
-  const auto back = [&]<class U>(const Var<T>& v, const Var<U>&) {
-    if (!v.defined()) return Var<U>();
-    const Var<T>& gv = g[next++];
-    return gv.defined() ? cast<U>(gv) : Var<U>();
-  };
-  return {back(all[0], x), back(all[1], gamma), back(all[2], beta), back(all[3], w1),
-          back(all[4], b1), back(all[5], w2),   back(all[6], b2)};
+  return {back(0, x), back(1, gamma), back(2, beta), back(3, w1), back(4, b1), back(5, w2), back(6, b2)};
 }
 
 #define TAPEGRAD_INSTANTIATE_RECORDED_BACKWARD_PARAMS(T, P)                                                     \
