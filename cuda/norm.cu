@@ -212,6 +212,134 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
   }
 }
 
+// ---- second derivatives (norm_second_order) ------------------------------------------------------------------------
+// The backward's layout: block b takes chunk b of the rows. Phase 1, a row group per row, three passes over the row:
+// the sums of u, u·x̂, a, a·x̂, u·a (a = dy·g); those of G = cγ·dy - r·(a⟨u x̂⟩ + u⟨a x̂⟩) and G·x̂; then dx and ddy,
+// and the row's ⟨u⟩ and ⟨u x̂⟩ kept for phase 2. Phase 2, per column over the chunk's rows in order: the partial sums
+// of P·dy, P = r·(u - ⟨u⟩ - x̂⟨u x̂⟩), for dγ.
+
+template <class S> struct SecondOrderParams {
+  using C = compute_of<S>;
+  const S* x;
+  const S* gamma;
+  const S* dy;
+  const S* u;
+  const S* c_gamma;
+  const S* c_beta;  // null: no shift
+  const C* mean;    // layernorm only
+  const C* rstd;
+  S* dx;
+  S* ddy;
+  C* row_terms;        // [rows, 2]: each row's ⟨u⟩ and ⟨u x̂⟩
+  C* dgamma_partials;  // [chunks, hidden]
+  std::int64_t rows, hidden, chunk_rows;
+  bool centered;
+  C gamma_offset;        // 1 for zero-centered gamma, else 0
+  bool packed_partials;  // the partials are 16-byte aligned
+};
+
+template <class S, class Config>
+__global__ void __launch_bounds__(Config::block_threads) norm_second_order_kernel(SecondOrderParams<S> p) {
+  wait_for_prior_kernels();
+  using C = compute_of<S>;
+  constexpr int V = Config::V;
+  const rows::RowExtent<V, false> m{p.hidden};
+  const std::int64_t first = std::int64_t{blockIdx.x} * p.chunk_rows;
+  const std::int64_t last = first + p.chunk_rows < p.rows ? first + p.chunk_rows : p.rows;
+  const C count = static_cast<C>(p.hidden);
+
+  for (std::int64_t r = first + threadIdx.x / Config::threads; r < last; r += Config::rows_per_block) {
+    const std::int64_t row = r * p.hidden;
+    const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
+    // Pack q of the row: x̂, u, dy, g (γ or 1 + γ), a = dy·g.
+    struct Pack {
+      C xhat[V], u[V], dy[V], g[V], a[V];
+    };
+    const auto load_pack = [&](std::int64_t q, Pack& v) {
+      m.load(p.x + row, q, v.xhat);
+      m.load(p.u + row, q, v.u);
+      m.load(p.dy + row, q, v.dy);
+      m.load_vector(p.gamma, q, v.g);
+      for (int k = 0; k < V; ++k) {
+        v.xhat[k] = (v.xhat[k] - mean) * rstd;
+        v.g[k] += p.gamma_offset;
+        v.a[k] = v.dy[k] * v.g[k];
+      }
+    };
+    C sum_u = 0, sum_u_xhat = 0, sum_a = 0, sum_a_xhat = 0, sum_u_a = 0;
+    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Pack v;
+      load_pack(q, v);
+      for (int k = 0; k < V; ++k) {
+        sum_u += v.u[k];
+        sum_u_xhat += v.u[k] * v.xhat[k];
+        sum_a += v.a[k];
+        sum_a_xhat += v.a[k] * v.xhat[k];
+        sum_u_a += v.u[k] * v.a[k];
+      }
+    });
+    const rows::Pair<C> us = Config::reduce(rows::Pair<C>{sum_u, sum_u_xhat}, Sum{});
+    const rows::Pair<C> as = Config::reduce(rows::Pair<C>{sum_a, sum_a_xhat}, Sum{});
+    const C u_a = Config::reduce(sum_u_a, Sum{}) / count;
+    const C u_mean = p.centered ? us.first / count : C(0), u_xhat = us.second / count;
+    const C a_mean = p.centered ? as.first / count : C(0), a_xhat = as.second / count;
+    const C s = u_a - a_mean * u_mean - a_xhat * u_xhat;
+    // G of pack q (cγ read as a vector, like γ).
+    const auto g_of = [&](std::int64_t q, const Pack& v, C (&G)[V]) {
+      m.load_vector(p.c_gamma, q, G);
+      for (int k = 0; k < V; ++k) G[k] = G[k] * v.dy[k] - rstd * (v.a[k] * u_xhat + v.u[k] * a_xhat);
+    };
+    C sum_g = 0, sum_g_xhat = 0;
+    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Pack v;
+      load_pack(q, v);
+      C G[V];
+      g_of(q, v, G);
+      for (int k = 0; k < V; ++k) {
+        sum_g += G[k];
+        sum_g_xhat += G[k] * v.xhat[k];
+      }
+    });
+    const rows::Pair<C> gs = Config::reduce(rows::Pair<C>{sum_g, sum_g_xhat}, Sum{});
+    const C g_mean = p.centered ? gs.first / count : C(0), g_xhat = gs.second / count;
+    Config::for_each_pack(p.hidden, [&](std::int64_t q) {
+      Pack v;
+      load_pack(q, v);
+      C G[V], c_gamma[V], c_beta[V] = {}, dx[V], ddy[V];
+      g_of(q, v, G);
+      m.load_vector(p.c_gamma, q, c_gamma);
+      if (p.c_beta) m.load_vector(p.c_beta, q, c_beta);
+      for (int k = 0; k < V; ++k) {
+        dx[k] = rstd * (G[k] - g_mean - v.xhat[k] * g_xhat) - rstd * rstd * v.xhat[k] * s;
+        const C P = rstd * (v.u[k] - u_mean - v.xhat[k] * u_xhat);
+        ddy[k] = P * v.g[k] + c_gamma[k] * v.xhat[k] + c_beta[k];
+      }
+      rows::store(p.dx + row, q, dx);
+      rows::store(p.ddy + row, q, ddy);
+    });
+    if (Config::lane() == 0) {
+      p.row_terms[2 * r] = u_mean;
+      p.row_terms[2 * r + 1] = u_xhat;
+    }
+  }
+  __syncthreads();  // the chunk's row terms, written by every row group of the block
+
+  // Phase 2: each thread its columns, over the chunk's rows in order.
+  for (std::int64_t q = threadIdx.x; q < p.hidden / V; q += blockDim.x) {
+    C dgamma[V] = {};
+    for (std::int64_t r = first; r < last; ++r) {
+      C xv[V], uv[V], dyv[V];
+      rows::load(p.x + r * p.hidden, q, xv);
+      rows::load(p.u + r * p.hidden, q, uv);
+      rows::load(p.dy + r * p.hidden, q, dyv);
+      const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
+      const C u_mean = p.row_terms[2 * r], u_xhat = p.row_terms[2 * r + 1];
+      for (int k = 0; k < V; ++k) dgamma[k] += rstd * (uv[k] - u_mean - (xv[k] - mean) * rstd * u_xhat) * dyv[k];
+    }
+    store_partial(p.dgamma_partials, m, q, dgamma, p.packed_partials);
+  }
+}
+
 // ---- rows held in registers: long rows of 16-byte packs, up to P packs per thread --------------------------------
 // The kernels above read a row once per pass (three passes forward, two backward, and backward reads x and dy once
 // more per column for dγ/dβ): the later passes mostly hit L1/L2, but each pass waits for its loads. These keep a
@@ -534,6 +662,52 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
     }
     const DType grads = args.wide_parameter_grads ? compute_dtype(problem.dtype) : problem.dtype;
     sum_partials(grads, std::span(sums, count), blocks, problem.hidden, device);  // all of them in one launch
+  });
+}
+
+std::int64_t norm_second_order_scratch(const NormProblem& problem) {
+  return chunks(problem.rows) * problem.hidden + 2 * problem.rows;
+}
+
+void norm_second_order(const NormProblem& problem, const NormSecondOrderArgs& args, int device) {
+  check(problem.ld == 0 || problem.ld == problem.hidden, "norm_second_order", "rows of ", problem.hidden,
+        " elements must lie next to each other, not ", problem.ld, " apart");
+  if (problem.hidden == 0) return;
+  Launch launch(device);
+  dispatch_float(problem.dtype, "norm_second_order", [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_of<S>;
+    const std::int64_t blocks = chunks(problem.rows);
+    C* partials = static_cast<C*>(args.scratch);
+    if (blocks > 0) {
+      const SecondOrderParams<S> p{static_cast<const S*>(args.x),
+                                   static_cast<const S*>(args.gamma),
+                                   static_cast<const S*>(args.dy),
+                                   static_cast<const S*>(args.u),
+                                   static_cast<const S*>(args.c_gamma),
+                                   static_cast<const S*>(args.c_beta),
+                                   static_cast<const C*>(args.mean),
+                                   static_cast<const C*>(args.rstd),
+                                   static_cast<S*>(args.dx),
+                                   static_cast<S*>(args.ddy),
+                                   partials + blocks * problem.hidden,
+                                   partials,
+                                   problem.rows,
+                                   problem.hidden,
+                                   chunk_rows(problem.rows),
+                                   problem.centered,
+                                   problem.zero_centered_gamma ? C(1) : C(0),
+                                   aligned_16(args.scratch)};
+      const bool wide = rows::packs_fit<S>(problem.hidden, {args.x, args.gamma, args.dy, args.u, args.c_gamma,
+                                                            args.c_beta, args.dx, args.ddy});
+      rows::dispatch_rows<S>(problem.hidden, wide, [&](auto config) {
+        using Config = decltype(config);
+        launch_overlapped(launch, norm_second_order_kernel<S, Config>, static_cast<unsigned>(blocks),
+                          Config::block_threads, 0, p);
+      });
+    }
+    const PartialSums sum{partials, args.dgamma};
+    sum_partials(problem.dtype, std::span(&sum, 1), blocks, problem.hidden, device);
   });
 }
 

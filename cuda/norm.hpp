@@ -67,4 +67,28 @@ std::int64_t norm_backward_partials(const NormProblem& problem, const NormBackwa
 // over its rows; a second adds the partials in a fixed order (deterministic: no atomics).
 void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int device);
 
+// The second derivatives: the vector-Jacobian product of norm_backward's (dx, dgamma, dbeta) at cotangents
+// (u, c_gamma, c_beta), with respect to its inputs x, gamma and dy (the formulas of ops/detail/norm_second_order.hpp,
+// in C from the forward's statistics). Rows unpadded (ld 0 or hidden).
+struct NormSecondOrderArgs {
+  const void* x = nullptr;
+  const void* gamma = nullptr;
+  const void* dy = nullptr;
+  const void* mean = nullptr;     // C[rows] from norm_forward; layernorm only
+  const void* rstd = nullptr;     // C[rows] from norm_forward
+  const void* u = nullptr;        // [rows, hidden]: the cotangent of dx
+  const void* c_gamma = nullptr;  // [hidden]: the cotangent of dgamma
+  const void* c_beta = nullptr;   // [hidden]: the cotangent of dbeta, or null (a norm without a shift)
+  void* dx = nullptr;             // [rows, hidden], [hidden], [rows, hidden]: the derivatives in x, gamma and dy
+  void* dgamma = nullptr;
+  void* ddy = nullptr;
+  void* scratch = nullptr;  // norm_second_order_scratch(problem) elements of C
+};
+
+std::int64_t norm_second_order_scratch(const NormProblem& problem);
+
+// One kernel writes dx and ddy and each block's partial column sums of dgamma; a second adds the partials in a fixed
+// order (deterministic, as norm_backward).
+void norm_second_order(const NormProblem& problem, const NormSecondOrderArgs& args, int device);
+
 }  // namespace tapegrad::cuda

@@ -296,7 +296,8 @@ template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, c
 // backward runs them (transposes as GEMM flags, never copies). Each is bilinear, and its derivatives are products of
 // the same three kinds: for dA = dC·Bᵀ at cotangent U (A's shape), ∂dC = U·B and ∂B = Uᵀ·dC; for dB = Aᵀ·dC at U
 // (B's shape), ∂A = dC·Uᵀ and ∂dC = A·U.
-template <class T> Var<T> operand_gradient_node(const MatmulPlan& p, int operand, const Var<T>& other, const Var<T>& dc) {
+template <class T>
+Var<T> operand_gradient_node(const MatmulPlan& p, int operand, const Var<T>& other, const Var<T>& dc) {
   struct Saved {
     Tensor<T> other, dc;
   };

@@ -131,8 +131,43 @@ template <class T> struct NormBackwardSaved {
   Tensor<T> x, gamma, dy;
 };
 
+// The second derivatives (∂x, ∂γ, ∂dy) at the cotangents (u, cγ, cβ) of the backward's (dx, dγ, dβ), fused.
+template <class T>
+std::tuple<Tensor<T>, Tensor<T>, Tensor<T>> fused_second_order(const char* op, const NormBackwardSaved<T>& s,
+                                                               const Tensor<T>& u, const Tensor<T>& c_gamma,
+                                                               const Tensor<T>* c_beta) {
+  return by_device(
+      op, u.device(),
+      [&] {
+        const detail::NormSecondOrderGrads<T> g = detail::norm_second_order_rows(s.norm.host, s.dy, u, c_gamma, c_beta);
+        return std::tuple{g.dx, detail::rounded_tensor<T>(g.dgamma.data(), s.gamma.shape()), g.ddy};
+      },
+      [&](auto) {
+        const DeviceNorm<T>& d = s.norm.device;
+        const Device device = u.device();
+        Tensor<T> dx(s.x.shape(), device), dgamma(s.gamma.shape(), device), ddy(s.x.shape(), device);
+        Tensor<compute_t<T>> scratch({cuda::norm_second_order_scratch(d.problem)}, device);
+        cuda::norm_second_order(d.problem,
+                                {.x = s.x.data(),
+                                 .gamma = s.gamma.data(),
+                                 .dy = s.dy.data(),
+                                 .mean = d.mean.data(),
+                                 .rstd = d.rstd.data(),
+                                 .u = u.data(),
+                                 .c_gamma = c_gamma.data(),
+                                 .c_beta = c_beta ? c_beta->data() : nullptr,
+                                 .dx = dx.data(),
+                                 .dgamma = dgamma.data(),
+                                 .ddy = ddy.data(),
+                                 .scratch = scratch.data()},
+                                device.index);
+        return std::tuple{dx, dgamma, ddy};
+      });
+}
+
 // The recorded backward (create_graph): the fused backward as a node of its own over (x, gamma, dy), giving
-// (dx, dgamma[, dbeta]), whose backward is ops/detail/norm_second_order.hpp's.
+// (dx, dgamma[, dbeta]): its backward the fused second derivatives, its recorded backward (a third derivative) the
+// same formulas as ops (ops/detail/norm_second_order.hpp).
 template <class T, bool has_beta>
 auto record_norm_backward(const NormKind& kind, const NormOptions& options, const NormSaved<T>& saved,
                           const Var<T>& x, const Var<T>& gamma, const Var<T>& dy) {
@@ -155,11 +190,11 @@ auto record_norm_backward(const NormKind& kind, const NormOptions& options, cons
           return std::tuple{g.dx, g.dgamma};
         }
       },
-      [second_order](const NormBackwardSaved<T>& s, const NeedsGrad&, const auto&... cotangents) {
-        const NoGradGuard no_grad;  // the same formulas, run as plain kernels
-        const auto [dx, dgamma, ddy] =
-            second_order(constant(s.x), constant(s.gamma), constant(s.dy), constant(cotangents)...);
-        return std::tuple{dx.value(), dgamma.value(), ddy.value()};
+      [op = kind.op](const NormBackwardSaved<T>& s, const NeedsGrad&, const Tensor<T>& u, const Tensor<T>& c_gamma,
+                     const auto&... c_beta) {
+        const Tensor<T>* c_beta_or_null = nullptr;
+        ((c_beta_or_null = &c_beta), ...);
+        return fused_second_order(op, s, u, c_gamma, c_beta_or_null);
       },
       graph_backward([second_order](const NormBackwardSaved<T>&, const NeedsGrad&,
                                     const std::tuple<Var<T>, Var<T>, Var<T>>& in, const auto&... cotangents) {

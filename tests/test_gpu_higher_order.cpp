@@ -70,6 +70,28 @@ TEST_CASE("every op family's Hessian-vector products on the GPU equal the cpu's 
   std::printf("op tables: worst relative error of the GPU's Hessian-vector products %.1e\n", worst);
 }
 
+// The norms' fused second derivatives (cuda/norm.cu) at row lengths of each kernel variant: a warp per row, packs
+// and single elements (37), a block per row (1500, 2048).
+TEST_CASE("the norms' second derivatives on the GPU equal the cpu's in double, for short, odd and long rows") {
+  for (const std::int64_t H : {37, 64, 1500, 2048}) {
+    for (const bool rms : {false, true}) {
+      const higher_order_test::F f = [rms](const higher_order_test::Inputs& in) {
+        const Var<double> h = rms ? rmsnorm(in[0], in[1], {.epsilon = 1e-3})
+                                  : layernorm(in[0], in[1], in[2], {.epsilon = 1e-3, .zero_centered_gamma = true});
+        return sum(tanh(h) * in[0]);
+      };
+      const higher_order_test::Case c{"norm", f, {{9, H}, {H}, {H}}};
+      const std::uint64_t seed = higher_order_test::fresh_seed();
+      CAPTURE(H);
+      CAPTURE(rms);
+      CAPTURE(seed);
+      const std::vector<Tensor<double>> x = higher_order_test::inputs_for(c, seed);
+      const std::vector<Tensor<double>> v = higher_order_test::inputs_for(c, seed + 1000);
+      CHECK(worst_error(hvp(f, on(x, gpu), on(v, gpu)), hvp(f, x, v)) <= 1e-10);
+    }
+  }
+}
+
 TEST_CASE("the node's second derivatives on the GPU equal the cpu's: in double, and in f32 and bf16") {
   using namespace mlp_test;
   const std::uint64_t seed = higher_order_test::fresh_seed();

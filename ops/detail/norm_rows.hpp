@@ -113,6 +113,73 @@ template <class T> struct NormRows {
   }
 };
 
+// The second derivatives of one row (ops/detail/norm_second_order.hpp's formulas, in C): ∂x and ∂dy of the row, and
+// its terms of ∂γ added to dgamma. u is the row's cotangent of dx; c_gamma and c_beta (null: none) are C[hidden].
+template <class T>
+void second_order_row(const NormRows<T>& s, std::int64_t r, const T* dy, const T* u, const compute_t<T>* c_gamma,
+                      const compute_t<T>* c_beta, T* dx, T* ddy, compute_t<T>* dgamma) {
+  using C = compute_t<T>;
+  const std::int64_t H = s.hidden;
+  const C m = s.mean_of(r), rs = s.rstd[r], count = static_cast<C>(H);
+  const auto xhat = [&](std::int64_t j) { return (s.x_at(r, j) - m) * rs; };
+  const auto a = [&](std::int64_t j) { return static_cast<C>(dy[j]) * s.scale[j]; };
+  C sum_u = 0, sum_u_xhat = 0, sum_a = 0, sum_a_xhat = 0, sum_u_a = 0;
+  for (std::int64_t j = 0; j < H; ++j) {
+    const C uj = static_cast<C>(u[j]);
+    sum_u += uj;
+    sum_u_xhat += uj * xhat(j);
+    sum_a += a(j);
+    sum_a_xhat += a(j) * xhat(j);
+    sum_u_a += uj * a(j);
+  }
+  const C u_mean = s.centered ? sum_u / count : C(0), u_xhat = sum_u_xhat / count;
+  const C a_mean = s.centered ? sum_a / count : C(0), a_xhat = sum_a_xhat / count;
+  const C s_r = sum_u_a / count - a_mean * u_mean - a_xhat * u_xhat;
+  const auto G = [&](std::int64_t j) {
+    return c_gamma[j] * static_cast<C>(dy[j]) - rs * (a(j) * u_xhat + static_cast<C>(u[j]) * a_xhat);
+  };
+  C sum_g = 0, sum_g_xhat = 0;
+  for (std::int64_t j = 0; j < H; ++j) {
+    sum_g += G(j);
+    sum_g_xhat += G(j) * xhat(j);
+  }
+  const C g_mean = s.centered ? sum_g / count : C(0), g_xhat = sum_g_xhat / count;
+  for (std::int64_t j = 0; j < H; ++j) {
+    const C xh = xhat(j);
+    dx[j] = convert<T>(rs * (G(j) - g_mean - xh * g_xhat) - rs * rs * xh * s_r);
+    const C P = rs * (static_cast<C>(u[j]) - u_mean - xh * u_xhat);
+    ddy[j] = convert<T>(P * s.scale[j] + c_gamma[j] * xh + (c_beta ? c_beta[j] : C(0)));
+    dgamma[j] += P * static_cast<C>(dy[j]);
+  }
+}
+
+template <class T> struct NormSecondOrderGrads {
+  Tensor<T> dx, ddy;
+  std::vector<compute_t<T>> dgamma;  // in C
+};
+
+// second_order_row over every row; ∂γ's row terms summed in blocked_row_sum's fixed order.
+template <class T>
+NormSecondOrderGrads<T> norm_second_order_rows(const NormRows<T>& s, const Tensor<T>& dy, const Tensor<T>& u,
+                                               const Tensor<T>& c_gamma, const Tensor<T>* c_beta) {
+  using C = compute_t<T>;
+  const std::int64_t H = s.hidden;
+  const auto in_c = [&](const Tensor<T>& t) {
+    std::vector<C> v(static_cast<std::size_t>(H));
+    for (std::int64_t j = 0; j < H; ++j) v[j] = static_cast<C>(t.flat(j));
+    return v;
+  };
+  const std::vector<C> cg = in_c(c_gamma), cb = c_beta ? in_c(*c_beta) : std::vector<C>();
+  NormSecondOrderGrads<T> g{Tensor<T>(s.x.shape()), Tensor<T>(s.x.shape()), {}};
+  g.dgamma = blocked_row_sum<C>(s.rows, H, 20 * H, [&](std::int64_t begin, std::int64_t end, C* partial) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      second_order_row(s, r, dy.data() + r * H, u.data() + r * H, cg.data(), c_beta ? cb.data() : nullptr,
+                       g.dx.data() + r * H, g.ddy.data() + r * H, partial);
+    }
+  });
+  return g;
+}
+
 template <class T> struct NormGrads {
   Tensor<T> dx;                                  // undefined unless asked for
   std::vector<compute_t<T>> dgamma_dbeta;        // [dgamma | dbeta], H each, in C; empty unless either was asked

@@ -1,6 +1,7 @@
 // The second derivatives of layernorm and rmsnorm (ops/norm.cpp): the vector-Jacobian product of the norm's backward
-// (dx, dγ, dβ) = B(x, γ, dy) at cotangents (u, cγ, cβ), written with Var ops, so that under create_graph it records
-// and can be differentiated again, and otherwise runs as single-op kernels over the rows (ops/detail/unfused.hpp).
+// (dx, dγ, dβ) = B(x, γ, dy) at cotangents (u, cγ, cβ). Here written with Var ops (single-op nodes,
+// ops/detail/unfused.hpp), for the recorded second derivatives (create_graph: a third derivative); the plain ones run
+// the same formulas fused, a row at a time (ops/detail/norm_rows.hpp, cuda/norm.cu).
 //
 // Per row, with ⟨·⟩ the mean over the normalized axis: x̂ = (x - μ)·r, r = 1/√(⟨(x - μ)²⟩ + ε) (rmsnorm: μ = 0),
 // a = dy·γ (γ + 1 when zero-centered); the backward is dx = r·(a - ⟨a⟩ - x̂⟨a x̂⟩), dγ = Σ dy·x̂, dβ = Σ dy (sums over
