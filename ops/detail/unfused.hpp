@@ -1,6 +1,7 @@
 // Var values whose every op is a node of its own, run by the library's precompiled single-op kernels
-// (expr::recorded_unary and recorded_binary, ops/detail/elementwise_graph.hpp): for the formulas of recorded
-// backwards (create_graph), which would otherwise compile a fused expression of their own for every dtype.
+// (expr::recorded_unary and recorded_binary, ops/detail/elementwise_graph.hpp): for library code instantiated in
+// every dtype whose ops are there to be recorded rather than to be fast (the formulas of recorded backwards, the
+// layernorm_mlp composite), which would otherwise compile a fused expression of its own per dtype.
 //
 //   const Unfused<T> x{v}, y{w};
 //   const Var<T> z = (x * y - exp(x) + 1.0).v;
@@ -24,6 +25,8 @@ template <class T> struct Unfused {
   friend Unfused log(const Unfused& a) { return {expr::recorded_unary(ops::Log{}, a.v)}; }
   friend Unfused square(const Unfused& a) { return {expr::recorded_unary(ops::Square{}, a.v)}; }
   friend Unfused rsqrt(const Unfused& a) { return {expr::recorded_unary(ops::Rsqrt{}, a.v)}; }
+  // Any other precompiled unary op: an activation, a scalar op.
+  template <class Op> Unfused apply(const Op& op) const { return {expr::recorded_unary(op, v)}; }
 };
 
 }  // namespace tapegrad::detail

@@ -1,6 +1,7 @@
 #include "tapegrad/ops/layernorm_mlp/composite.hpp"
 
 #include "tapegrad/ops/activation.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/check.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/composite_stages.hpp"
@@ -20,30 +21,33 @@ Var<T> composite_norm(const Var<T>& x, const Var<T>& gamma, const Var<T>& beta, 
                                             : layernorm(x, gamma, norm);
 }
 
+// With the library's precompiled single-op kernels (ops/detail/unfused.hpp): no expression of its own to compile in
+// four dtypes.
 template <class T> Var<T> composite_activation(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& o) {
+  using V = Unfused<T>;
   const ActivationForm form = activation_form(o, "layernorm_mlp_composite");
   const double L = form.limit;
-  const Var<T> z0 = form.gate == ActivationGate::none ? z : slice(z, -1, 0, F);
-  // fn(z₀) as a Var of its own, so that each function and each gate compile once (not once per pair).
-  const Var<T> fn = [&]() -> Var<T> {
+  const V z0{form.gate == ActivationGate::none ? z : slice(z, -1, 0, F)};
+  const auto relu = [](const V& x) { return x.apply(ops::Relu{}); };
+  const V fn = [&] {
     switch (form.fn) {
       case ActivationFunction::relu: return relu(z0);
-      case ActivationFunction::gelu_tanh: return gelu_tanh(z0);
-      case ActivationFunction::swish: return expr::make_unary(ops::Silu{{form.alpha}}, z0);  // x·σ(alpha·x)
-      case ActivationFunction::squared_relu: return squared_relu(z0);
-      case ActivationFunction::sigmoid: return sigmoid(z0);
+      case ActivationFunction::gelu_tanh: return z0.apply(ops::GeluTanh{});
+      case ActivationFunction::swish: return z0.apply(ops::Silu{{form.alpha}});  // x·σ(alpha·x)
+      case ActivationFunction::squared_relu: return z0.apply(ops::SquaredRelu{});
+      case ActivationFunction::sigmoid: return z0.apply(ops::Sigmoid{});
       case ActivationFunction::clamped_swish: {
-        const Var<T> z0c = z0 - relu(z0 - L);  // min(z₀, L)
-        return z0c * sigmoid(z0c * form.alpha);
+        const V z0c = z0 - relu(z0 + -L);  // min(z₀, L)
+        return z0c * (z0c * form.alpha).apply(ops::Sigmoid{});
       }
     }
     throw Error("layernorm_mlp_composite: unknown activation function");
   }();
-  if (form.gate == ActivationGate::none) return fn;
-  const Var<T> z1 = slice(z, -1, F, 2 * F);
-  if (form.gate == ActivationGate::linear) return fn * z1;
-  const Var<T> z1c = z1 - relu(z1 - L) + relu(-L - z1);  // clamp(z₁, -L, L)
-  return fn * (z1c + 1.0);
+  if (form.gate == ActivationGate::none) return fn.v;
+  const V z1{slice(z, -1, F, 2 * F)};
+  if (form.gate == ActivationGate::linear) return (fn * z1).v;
+  const V z1c = z1 - relu(z1 + -L) + relu(z1.apply(ops::ScalarMinus{-L}));  // clamp(z₁, -L, L)
+  return (fn * (z1c + 1.0)).v;
 }
 
 }  // namespace detail::mlp
@@ -59,9 +63,9 @@ LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gam
   const Var<T> h = detail::mlp::composite_norm(x, gamma, beta, options);
   const std::int64_t H = dims.hidden, n = dims.width, F = dims.ffn;
   Var<T> z = matmul(h, reshape(kernels.w1, {H, n * F}));
-  if (biases.b1.defined()) z = z + reshape(biases.b1, {n * F});
+  if (biases.b1.defined()) z = (detail::Unfused<T>{z} + detail::Unfused<T>{reshape(biases.b1, {n * F})}).v;
   Var<T> y = matmul(detail::mlp::composite_activation(z, F, options), kernels.w2);
-  if (biases.b2.defined()) y = y + biases.b2;
+  if (biases.b2.defined()) y = (detail::Unfused<T>{y} + detail::Unfused<T>{biases.b2}).v;
   return {y, options.return_layernorm_output ? h : Var<T>()};
 }
 

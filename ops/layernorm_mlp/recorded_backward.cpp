@@ -5,8 +5,8 @@
 
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/ops/cast.hpp"
-#include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/detail/matmul_vjp.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/composite_stages.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/matmul.hpp"
@@ -47,7 +47,7 @@ std::vector<Var<T>> composite_gradients(const LayerNormMLPOptions& options, cons
   const Var<T> h = norm(norm_in);
   const Var<T> w1_matrix = reshape(w1, {H, n * F});
   Var<T> z = matmul(h, w1_matrix);
-  if (b1.defined()) z = z + reshape(b1, {n * F});
+  if (b1.defined()) z = (Unfused<T>{z} + Unfused<T>{reshape(b1, {n * F})}).v;
   const auto activation = [&](const std::vector<Var<T>>& v) { return composite_activation(v[0], F, options); };
   Var<T> a, dz;
   if (z.requires_grad()) {
@@ -65,7 +65,7 @@ std::vector<Var<T>> composite_gradients(const LayerNormMLPOptions& options, cons
     if (b1.defined() && b1.requires_grad()) g[4] = reshape(sum_to(dz, Shape{n * F}), b1.shape().to_vector());
     if (h.requires_grad()) {
       const Var<T> dh_product = matmul_grad_a(h.shape(), w1_matrix, dz);
-      norm_gradients(dh.defined() ? Var<T>(dh_product + dh) : dh_product);
+      norm_gradients(dh.defined() ? (Unfused<T>{dh_product} + Unfused<T>{dh}).v : dh_product);
     }
   } else if (dh.defined() && h.requires_grad()) {
     norm_gradients(dh);
