@@ -222,18 +222,18 @@ template <class T> Tensor<T> device_forward(const MatmulPlan& p, const Tensor<T>
 }
 
 template <class T>
-std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulSaved<T>& s, const NeedsGrad& needs,
+std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulPlan& p, const Tensor<T>& a_value,
+                                                 const Tensor<T>& b_value, const NeedsGrad& needs,
                                                  const Tensor<T>& dc) {
-  const MatmulPlan& p = s.plan;
   const DeviceStack<T> dc_stack{dc.data(), p.c_matrices, p.M, p.N};
   Tensor<T> da, db;
   if (needs[0]) {  // dA = dC · Bᵀ
-    const DeviceOperand<T> b = device_operand(s.b, p.b_stack, p.b_matrices, p);
+    const DeviceOperand<T> b = device_operand(b_value, p.b_stack, p.b_matrices, p);
     da = device_gradient(p.a_stack, p.a_matrices, p, dc_stack, b.stack(Transpose::yes), dc.device())
              .reshape(p.a_shape);
   }
   if (needs[1]) {  // dB = Aᵀ · dC
-    const DeviceOperand<T> a = device_operand(s.a, p.a_stack, p.a_matrices, p);
+    const DeviceOperand<T> a = device_operand(a_value, p.a_stack, p.a_matrices, p);
     db = device_gradient(p.b_stack, p.b_matrices, p, a.stack(Transpose::yes), dc_stack, dc.device())
              .reshape(p.b_shape);
   }
@@ -251,21 +251,21 @@ template <class T> Tensor<T> host_forward(const MatmulPlan& p, const Tensor<T>& 
 }
 
 template <class T>
-std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
+std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b,
+                                               const NeedsGrad& needs, const Tensor<T>& dc) {
   using C = compute_t<T>;
-  const MatmulPlan& p = s.plan;
   const Tensor<C> dc_c = cast<C>(dc);
   const Stack<const C*> dc_stack{dc_c.data(), p.c_matrices, p.M, p.N, p.c_index};
   Tensor<T> da, db;
   if (needs[0]) {  // dA = dC · Bᵀ
-    const Tensor<C> b_c = cast<C>(s.b);
+    const Tensor<C> b_c = cast<C>(b);
     Tensor<C> da_c(p.a_shape);
     batched_gemm<C>(dc_stack, {b_c.data(), p.b_matrices, p.K, p.N, p.b_index, Transpose::yes},
                     {da_c.data(), p.a_matrices, p.M, p.K, p.a_index});
     da = cast<T>(da_c);
   }
   if (needs[1]) {  // dB = Aᵀ · dC
-    const Tensor<C> a_c = cast<C>(s.a);
+    const Tensor<C> a_c = cast<C>(a);
     Tensor<C> db_c(p.b_shape);
     batched_gemm<C>({a_c.data(), p.a_matrices, p.M, p.K, p.a_index, Transpose::yes}, dc_stack,
                     {db_c.data(), p.b_matrices, p.K, p.N, p.b_index});
@@ -280,14 +280,20 @@ template <class T> Tensor<T> product(const MatmulPlan& p, const Tensor<T>& a, co
   return by_device(
       "matmul", a.device(), [&] { return host_forward(p, a, b); }, [&](auto) { return device_forward(p, a, b); });
 }
+// (Each gradient reads only the other operand: the one asked for may be empty.)
+template <class T>
+std::tuple<Tensor<T>, Tensor<T>> gradients(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b,
+                                           const NeedsGrad& needs, const Tensor<T>& dc) {
+  return by_device(
+      "matmul", dc.device(), [&] { return host_backward(p, a, b, needs, dc); },
+      [&](auto) { return device_backward(p, a, b, needs, dc); });
+}
 template <class T> Tensor<T> operand_gradient(const MatmulPlan& p, int operand, const Tensor<T>& other,
                                               const Tensor<T>& dc) {
-  const MatmulSaved<T> s{p, operand == 1 ? other : Tensor<T>(), operand == 0 ? other : Tensor<T>()};
-  const NeedsGrad needs({operand == 0, operand == 1});
-  const auto grads = by_device(
-      "matmul", dc.device(), [&] { return host_backward(s, needs, dc); },
-      [&](auto) { return device_backward(s, needs, dc); });
-  return operand == 0 ? std::get<0>(grads) : std::get<1>(grads);
+  const bool a_grad = operand == 0;
+  const auto grads = a_grad ? gradients(p, Tensor<T>(), other, NeedsGrad({true, false}), dc)
+                            : gradients(p, other, Tensor<T>(), NeedsGrad({false, true}), dc);
+  return a_grad ? std::get<0>(grads) : std::get<1>(grads);
 }
 
 template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, const Var<T>& b);
@@ -345,9 +351,7 @@ template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, c
         return product(p, x, y);
       },
       [](const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
-        return by_device(
-            "matmul", dc.device(), [&] { return host_backward(s, needs, dc); },
-            [&](auto) { return device_backward(s, needs, dc); });
+        return gradients(s.plan, s.a, s.b, needs, dc);
       },
       graph_backward([](const MatmulSaved<T>& s, const NeedsGrad& needs, const std::tuple<Var<T>, Var<T>>& in,
                         const Var<T>& dc) {

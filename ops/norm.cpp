@@ -127,8 +127,8 @@ Grads<T> norm_backward(const char* op, const NormSaved<T>& s, const Tensor<T>& d
 }
 
 template <class T> struct NormBackwardSaved {
-  NormSaved<T> norm;
-  Tensor<T> x, gamma, dy;
+  NormSaved<T> norm;  // x and gamma with it
+  Tensor<T> dy;
 };
 
 // The second derivatives (∂x, ∂γ, ∂dy) at the cotangents (u, cγ, cβ) of the backward's (dx, dγ, dβ), fused.
@@ -140,16 +140,16 @@ std::tuple<Tensor<T>, Tensor<T>, Tensor<T>> fused_second_order(const char* op, c
       op, u.device(),
       [&] {
         const detail::NormSecondOrderGrads<T> g = detail::norm_second_order_rows(s.norm.host, s.dy, u, c_gamma, c_beta);
-        return std::tuple{g.dx, detail::rounded_tensor<T>(g.dgamma.data(), s.gamma.shape()), g.ddy};
+        return std::tuple{g.dx, detail::rounded_tensor<T>(g.dgamma.data(), Shape{s.norm.host.hidden}), g.ddy};
       },
       [&](auto) {
         const DeviceNorm<T>& d = s.norm.device;
         const Device device = u.device();
-        Tensor<T> dx(s.x.shape(), device), dgamma(s.gamma.shape(), device), ddy(s.x.shape(), device);
+        Tensor<T> dx(d.x.shape(), device), dgamma(d.gamma.shape(), device), ddy(d.x.shape(), device);
         Tensor<compute_t<T>> scratch({cuda::norm_second_order_scratch(d.problem)}, device);
         cuda::norm_second_order(d.problem,
-                                {.x = s.x.data(),
-                                 .gamma = s.gamma.data(),
+                                {.x = d.x.data(),
+                                 .gamma = d.gamma.data(),
                                  .dy = s.dy.data(),
                                  .mean = d.mean.data(),
                                  .rstd = d.rstd.data(),
@@ -181,8 +181,8 @@ auto record_norm_backward(const NormKind& kind, const NormOptions& options, cons
   };
   return custom_op<NormBackwardSaved<T>>(
       std::string(kind.op) + "_backward",
-      [&](NormBackwardSaved<T>& s, const Tensor<T>& xv, const Tensor<T>& gammav, const Tensor<T>& dyv) {
-        s = {saved, xv, gammav, dyv};
+      [&](NormBackwardSaved<T>& s, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& dyv) {
+        s = {saved, dyv};
         const Grads<T> g = norm_backward(kind.op, saved, dyv, true, true, has_beta);
         if constexpr (has_beta) {
           return std::tuple{g.dx, g.dgamma, g.dbeta};

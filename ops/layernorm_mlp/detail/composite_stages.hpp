@@ -12,8 +12,8 @@ namespace tapegrad::detail::mlp {
 template <class T>
 Var<T> composite_norm(const Var<T>& x, const Var<T>& gamma, const Var<T>& beta, const LayerNormMLPOptions& options);
 
-// The activation of z [..., n·F]: fn(z₀), times gate(z₁) for gated ones (z₀ = z[..., :F], z₁ = z[..., F:]), as one
-// fused expression of primitive ops where it can be.
+// The activation of z [..., n·F]: fn(z₀), times gate(z₁) for gated ones (z₀ = z[..., :F], z₁ = z[..., F:]), each
+// op a recorded node of its own.
 template <class T> Var<T> composite_activation(const Var<T>& z, std::int64_t F, const LayerNormMLPOptions& options);
 
 }  // namespace tapegrad::detail::mlp
