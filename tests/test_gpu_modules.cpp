@@ -181,15 +181,22 @@ TEST_CASE_TEMPLATE("Dense forward and backward on the GPU match the cpu in doubl
   }
 }
 
-// The causal mask is made on the GPU (cuda::fill_triangular): 7 queries and keys, not a multiple of 8.
-TEST_CASE_TEMPLATE("dot_product_attention with and without the causal mask on the GPU matches the cpu in double", T,
-                   TAPEGRAD_GPU_DTYPES) {
-  for (const bool causal : {false, true}) {
-    CAPTURE(causal);
+// The GPU's attention (the composite of recorded ops, until that device has fused kernels) against the cpu's fused
+// node: masks, the bias and dropout's draws are the same on both devices. 7 queries and keys, not a multiple of 8.
+TEST_CASE_TEMPLATE("dot_product_attention's options on the GPU match the cpu in double", T, TAPEGRAD_GPU_DTYPES) {
+  using nn::AttentionLayout;
+  const std::vector<nn::AttentionOptions> cases{
+      {.layout = AttentionLayout::bshd},
+      {.causal = true, .layout = AttentionLayout::bshd},
+      {.causal = true, .window_left = 2, .kv_lengths = {7, 4}, .dropout = 0.2, .dropout_seed = 3,
+       .layout = AttentionLayout::bshd},
+  };
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
     check_against_cpu<T>(
         "dot_product_attention",
-        [&](const auto& v) { return nn::dot_product_attention(v[0], v[1], v[2], causal); },
-        {{{2, 7, 16}}, {{2, 7, 16}}, {{2, 7, 5}}}, tolerance<T>, 3);
+        [&](const auto& v) { return nn::dot_product_attention(v[0], v[1], v[2], cases[c], v[3]); },
+        {{{2, 7, 4, 16}}, {{2, 7, 2, 16}}, {{2, 7, 2, 5}}, {{1, 4, 7, 7}}}, tolerance<T>, 3);
   }
 }
 

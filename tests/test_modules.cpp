@@ -402,20 +402,6 @@ TEST_CASE("a causal MultiHeadAttention's outputs before a token do not depend on
   }
 }
 
-TEST_CASE("dot_product_attention rejects shapes that do not fit and a causal mask over unequal lengths") {
-  const Var<float> q = constant(randn<float>({2, 3, 4}, 1)), k = constant(randn<float>({2, 5, 4}, 2));
-  const Var<float> v = constant(randn<float>({2, 5, 7}, 3));
-  CHECK(nn::dot_product_attention(q, k, v, false).shape() == Shape{2, 3, 7});
-  CHECK_THROWS_WITH_AS(nn::dot_product_attention(q, k, v, true),
-                       "dot_product_attention: a causal mask needs as many queries as keys, got q [2, 3, 4] and k "
-                       "[2, 5, 4]",
-                       Error);
-  CHECK_THROWS_WITH_AS(nn::dot_product_attention(q, constant(randn<float>({2, 5, 3}, 4)), v, false),
-                       "dot_product_attention: q [2, 3, 4], k [2, 5, 3] and v [2, 5, 7] should be [..., Sq, D], "
-                       "[..., Sk, D] and [..., Sk, Dv]",
-                       Error);
-}
-
 TEST_CASE("LayerNormMLP with a gated activation and rmsnorm matches the reference, norm output included") {
   const nn::LayerNormConfig rms{.norm_type = NormType::rmsnorm, .zero_centered_gamma = true};
   nn::LayerNormMLP<double> mlp(5, {.intermediate_dim = 3, .activation = Activation::swiglu, .norm = rms}, 1);

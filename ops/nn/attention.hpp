@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "tapegrad/ops/nn/dense.hpp"
+#include "tapegrad/ops/nn/dot_product_attention.hpp"
 #include "tapegrad/ops/nn/layer_norm_dense.hpp"
 
 namespace tapegrad::nn {
@@ -24,11 +25,6 @@ struct MultiHeadAttentionConfig {
   Initializer kernel_init = Initializer::lecun_normal();
   Initializer bias_init = Initializer::zeros();
 };
-
-// softmax(q·kᵀ/√D)·v with q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] -> [..., Sq, Dv] (batch axes
-// broadcast); the softmax runs over the keys of each query. `causal` (Sq = Sk) gives the scores of keys j > i a
-// -inf mask, which softmax turns into exact zeros: every row keeps its diagonal, so no row is all -inf.
-template <class U> Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, bool causal);
 
 namespace detail {
 // The config with head_dim filled in; throws naming the sizes when they do not fit.

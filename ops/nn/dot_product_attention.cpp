@@ -1,0 +1,316 @@
+// dot_product_attention as one node: its geometry (layouts as row strides, cuda/attention_problem.hpp), the checks,
+// the CPU kernels (ops/nn/detail/flash_attention.hpp), and the composite of recorded ops that serves as its recorded
+// backward (create_graph: the composite's VJP, so the second derivative exists) and as the GPU path until that
+// device has fused kernels.
+#include "tapegrad/ops/nn/dot_product_attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tapegrad/autodiff/custom_op.hpp"
+#include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/cuda/attention_problem.hpp"
+#include "tapegrad/ops/detail/unfused.hpp"
+#include "tapegrad/ops/layout.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/nn/detail/flash_attention.hpp"
+#include "tapegrad/ops/softmax.hpp"
+
+namespace tapegrad::nn {
+
+namespace {
+
+constexpr const char* op_name = "dot_product_attention";
+
+// What a call computes: the problem's sizes and strides (its length pointers unset), where the inputs are, and the
+// output's shape.
+struct Geometry {
+  attention::Problem problem;
+  std::vector<std::int64_t> lead;  // the batch axes
+  bool packed = false;             // one qkv input
+  AttentionLayout layout = AttentionLayout::bhsd;
+  std::int64_t bias_batches = 0, bias_heads = 0;  // the bias's [Bb, Hb, Sq, Sk]; 0 without one
+  Shape out_shape;
+
+  std::int64_t batch() const { return problem.batch; }
+};
+
+std::int64_t product(const std::vector<std::int64_t>& dims) {
+  std::int64_t n = 1;
+  for (std::int64_t d : dims) n *= d;
+  return n;
+}
+
+std::vector<std::int64_t> leading(const Shape& shape, int trailing) {
+  std::vector<std::int64_t> dims = shape.to_vector();
+  dims.resize(dims.size() - static_cast<std::size_t>(trailing));
+  return dims;
+}
+
+std::vector<std::int64_t> joined(std::vector<std::int64_t> dims, std::initializer_list<std::int64_t> tail) {
+  dims.insert(dims.end(), tail);
+  return dims;
+}
+
+// A tensor's heads, sequence and head size in `layout`, with its row strides.
+struct Operand {
+  std::vector<std::int64_t> lead;
+  std::int64_t heads = 1, S = 0, D = 0;
+  attention::RowStrides strides;
+};
+
+Operand operand(const Shape& shape, AttentionLayout layout) {
+  Operand x;
+  if (layout == AttentionLayout::bhsd) {
+    const int trailing = shape.rank() >= 3 ? 3 : 2;
+    x.lead = leading(shape, trailing);
+    x.heads = trailing == 3 ? shape.dim(-3) : 1;
+    x.S = shape.dim(-2);
+    x.D = shape.dim(-1);
+    x.strides = {0, x.heads * x.S * x.D, x.S * x.D, x.D};
+  } else {
+    x.lead = leading(shape, 3);
+    x.S = shape.dim(-3);
+    x.heads = shape.dim(-2);
+    x.D = shape.dim(-1);
+    x.strides = {0, x.S * x.heads * x.D, x.D, x.heads * x.D};
+  }
+  return x;
+}
+
+void check_heads(std::int64_t q_heads, std::int64_t kv_heads, const std::string& what) {
+  check(q_heads > 0 && kv_heads > 0 && q_heads % kv_heads == 0, op_name, "the kv heads (", kv_heads,
+        ") must divide the q heads (", q_heads, ")", what);
+}
+
+Geometry separate_geometry(const Shape& qs, const Shape& ks, const Shape& vs, AttentionLayout layout) {
+  const int min_rank = layout == AttentionLayout::bhsd ? 2 : 3;
+  const char* form = layout == AttentionLayout::bhsd ? "[..., heads, S, D]" : "[..., S, heads, D]";
+  check(qs.rank() >= min_rank && ks.rank() == qs.rank() && vs.rank() == qs.rank(), op_name, "q ", qs, ", k ", ks,
+        " and v ", vs, " should all be ", form);
+  const Operand q = operand(qs, layout), k = operand(ks, layout), v = operand(vs, layout);
+  check(q.lead == k.lead && q.lead == v.lead && k.heads == v.heads && k.S == v.S && q.D == k.D && q.D > 0 && v.D > 0,
+        op_name, "q ", qs, ", k ", ks, " and v ", vs, " should be ", form,
+        " with one batch, k and v the same heads and length, q and k the same D > 0");
+  check_heads(q.heads, k.heads, tapegrad::detail::concat(": q ", qs, ", k ", ks));
+  const bool heads_first = layout == AttentionLayout::bhsd;
+  const std::vector<std::int64_t> out =
+      heads_first ? joined(q.lead, {q.heads, q.S, v.D}) : joined(q.lead, {q.S, q.heads, v.D});
+  return {.problem = {.batch = product(q.lead), .q_heads = q.heads, .kv_heads = k.heads, .Sq = q.S, .Sk = k.S,
+                      .D = q.D, .Dv = v.D, .q = q.strides, .k = k.strides, .v = v.strides,
+                      .o = operand(heads_first ? Shape{1, q.heads, q.S, v.D} : Shape{1, q.S, q.heads, v.D}, layout)
+                               .strides},
+          .lead = q.lead,
+          .layout = layout,
+          .out_shape = Shape(qs.rank() >= 3 ? out : std::vector<std::int64_t>{q.S, v.D})};
+}
+
+Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t kv_heads) {
+  check(shape.rank() >= 2, op_name, "qkv ", shape, " should be [..., S, (q_heads + 2·kv_heads)·D]");
+  check_heads(q_heads, kv_heads, tapegrad::detail::concat(" of qkv ", shape));
+  const std::int64_t S = shape.dim(-2), width = shape.dim(-1), columns = q_heads + 2 * kv_heads;
+  check(width > 0 && width % columns == 0, op_name, "qkv ", shape, " should be [..., S, (q_heads + 2·kv_heads)·D] ",
+        "with ", q_heads, " q heads and ", kv_heads, " kv heads: ", width, " is not a positive multiple of ", columns);
+  const std::int64_t D = width / columns;
+  const std::vector<std::int64_t> lead = leading(shape, 2);
+  return {.problem = {.batch = product(lead), .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
+                      .Dv = D, .q = {0, S * width, D, width}, .k = {q_heads * D, S * width, D, width},
+                      .v = {(q_heads + kv_heads) * D, S * width, D, width}, .o = {0, S * q_heads * D, D, q_heads * D}},
+          .lead = lead,
+          .packed = true,
+          .out_shape = Shape(joined(lead, {S, q_heads * D}))};
+}
+
+void apply_options(Geometry& g, const AttentionOptions& o) {
+  attention::Problem& p = g.problem;
+  const double scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.D)));
+  check(std::isfinite(scale), op_name, "the scale must be finite, got ", scale);
+  check(o.dropout >= 0 && o.dropout < 1, op_name, "dropout must be in [0, 1), got ", o.dropout);
+  check(o.window_left >= -1 && o.window_right >= -1, op_name, "a window side must be >= 0 or -1 (open), got ",
+        o.window_left, " and ", o.window_right);
+  const auto check_lengths = [&](const std::vector<std::int64_t>& lengths, const char* name, std::int64_t S) {
+    if (lengths.empty()) return;
+    check(static_cast<std::int64_t>(lengths.size()) == p.batch, op_name, name, " has ", lengths.size(),
+          " entries but the batch has ", p.batch);
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      check(lengths[b] >= 0 && lengths[b] <= S, op_name, name, "[", b, "] = ", lengths[b], " is outside [0, ", S, "]");
+    }
+  };
+  check_lengths(o.q_lengths, "q_lengths", p.Sq);
+  check_lengths(o.kv_lengths, "kv_lengths", p.Sk);
+  p.scale = scale;
+  p.causal = o.causal;
+  p.bottom_right = o.bottom_right;
+  p.window_left = o.window_left;
+  p.window_right = o.window_right;
+  p.dropout = o.dropout;
+  p.dropout_seed = o.dropout_seed;
+}
+
+void apply_bias(Geometry& g, const Shape& bias) {
+  attention::Problem& p = g.problem;
+  const bool square = bias.rank() == 2, full = bias.rank() == 4;
+  const std::int64_t Bb = full ? bias.dim(0) : 1, Hb = full ? bias.dim(1) : 1;
+  check((square || full) && bias.dim(-2) == p.Sq && bias.dim(-1) == p.Sk && (Bb == 1 || Bb == p.batch) &&
+            (Hb == 1 || Hb == p.q_heads),
+        op_name, "bias ", bias, " should be [", p.Sq, ", ", p.Sk, "] or [", p.batch, " or 1, ", p.q_heads, " or 1, ",
+        p.Sq, ", ", p.Sk, "]");
+  g.bias_batches = Bb;
+  g.bias_heads = Hb;
+  p.has_bias = true;
+  p.bias_batch = Bb == 1 ? 0 : Hb * p.Sq * p.Sk;
+  p.bias_head = Hb == 1 ? 0 : p.Sq * p.Sk;
+}
+
+// The mask and the weights the composite multiplies the probabilities by, on the host: mask [B, 1, Sq, Sk] is 0
+// where a query sees a key and -inf elsewhere (0 on a row that sees none, which the weights zero instead), weights
+// [B, Hq or 1, Sq, Sk] are 0 where hidden and dropout's 1/(1 - dropout) or 0 where seen.
+template <class T> std::pair<Tensor<T>, Tensor<T>> composite_masks(const attention::Problem& p) {
+  const std::int64_t heads = p.dropout > 0 ? p.q_heads : 1;
+  Tensor<T> mask({p.batch, 1, p.Sq, p.Sk}), weights({p.batch, heads, p.Sq, p.Sk});
+  const double keep_scale = 1.0 / (1.0 - p.dropout);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t i = 0; i < p.Sq; ++i) {
+      std::int64_t begin, end;
+      p.key_range(b, i, begin, end);
+      for (std::int64_t j = 0; j < p.Sk; ++j) {
+        const bool seen = j >= begin && j < end;
+        mask(b, 0, i, j) = convert<T>(seen || end <= begin ? 0.0 : -std::numeric_limits<double>::infinity());
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const bool kept = p.dropout == 0 || p.kept(b, h, i, j);
+          weights(b, h, i, j) = convert<T>(seen && kept ? (p.dropout > 0 ? keep_scale : 1.0) : 0.0);
+        }
+      }
+    }
+  }
+  return {mask, weights};
+}
+
+// The attention of recorded ops over [B, H, S, D] operands: scores, softmax and the products materialized.
+template <class T>
+Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::vector<std::int64_t>& q_lengths,
+                 const std::vector<std::int64_t>& kv_lengths) {
+  using V = tapegrad::detail::Unfused<T>;
+  attention::Problem p = g.problem;
+  p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
+  p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+  const std::int64_t B = p.batch, G = p.q_heads / p.kv_heads;
+  const std::vector<int> swap_seq_heads{0, 2, 1, 3};
+  Var<T> q, k, v;
+  if (g.packed) {
+    const Var<T> x = reshape(in[0], {B, p.Sq, p.q_heads + 2 * p.kv_heads, p.D});
+    q = permute(slice(x, 2, 0, p.q_heads), swap_seq_heads);
+    k = permute(slice(x, 2, p.q_heads, p.q_heads + p.kv_heads), swap_seq_heads);
+    v = permute(slice(x, 2, p.q_heads + p.kv_heads, p.q_heads + 2 * p.kv_heads), swap_seq_heads);
+  } else if (g.layout == AttentionLayout::bshd) {
+    q = permute(reshape(in[0], {B, p.Sq, p.q_heads, p.D}), swap_seq_heads);
+    k = permute(reshape(in[1], {B, p.Sk, p.kv_heads, p.D}), swap_seq_heads);
+    v = permute(reshape(in[2], {B, p.Sk, p.kv_heads, p.Dv}), swap_seq_heads);
+  } else {
+    q = reshape(in[0], {B, p.q_heads, p.Sq, p.D});
+    k = reshape(in[1], {B, p.kv_heads, p.Sk, p.D});
+    v = reshape(in[2], {B, p.kv_heads, p.Sk, p.Dv});
+  }
+  // A kv head serves its G q heads by broadcasting over the group axis.
+  const Var<T> scores = reshape(matmul(reshape(q, {B, p.kv_heads, G, p.Sq, p.D}),
+                                       transpose(reshape(k, {B, p.kv_heads, 1, p.Sk, p.D}))),
+                                {B, p.q_heads, p.Sq, p.Sk});
+  V logits = V{scores} * p.scale;
+  if (p.has_bias) logits = logits + V{reshape(in.back(), {g.bias_batches, g.bias_heads, p.Sq, p.Sk})};
+  const auto [mask, weights] = composite_masks<T>(p);
+  const Device device = in[0].device();
+  logits = logits + V{constant(mask.to(device))};
+  const V probabilities = V{softmax(logits.v, -1)} * V{constant(weights.to(device))};
+  const Var<T> out = reshape(matmul(reshape(probabilities.v, {B, p.kv_heads, G, p.Sq, p.Sk}),
+                                    reshape(v, {B, p.kv_heads, 1, p.Sk, p.Dv})),
+                             {B, p.q_heads, p.Sq, p.Dv});
+  const bool heads_first = !g.packed && g.layout == AttentionLayout::bhsd;
+  return reshape(heads_first ? out : permute(out, swap_seq_heads), g.out_shape.to_vector());
+}
+
+template <class T> struct AttentionSaved {
+  Geometry geometry;
+  std::vector<std::int64_t> q_lengths, kv_lengths;
+  std::vector<Tensor<T>> inputs;  // q, k, v (or qkv), then the bias
+  Tensor<T> o;
+  Tensor<compute_t<T>> log_sums;  // [batch, q_heads, Sq]
+
+  attention::Problem problem() const {
+    attention::Problem p = geometry.problem;
+    p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
+    p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+    return p;
+  }
+  const T* operand(std::size_t k) const { return inputs[geometry.packed ? 0 : k].data(); }
+  const T* bias() const { return geometry.problem.has_bias ? inputs.back().data() : nullptr; }
+};
+
+template <class T> std::vector<Tensor<T>> attention_backward(const AttentionSaved<T>& s, const NeedsGrad& needs,
+                                                             const Tensor<T>& dy) {
+  std::vector<Tensor<T>> grads;
+  for (const Tensor<T>& x : s.inputs) grads.emplace_back(x.shape());
+  const std::size_t operands = s.geometry.packed ? 1 : 3;
+  const auto grad_data = [&](std::size_t k) { return grads[s.geometry.packed ? 0 : k].data(); };
+  T* dbias = s.bias() && needs[operands] ? grads[operands].data() : nullptr;
+  detail::attention_backward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
+                             s.log_sums.data(), dy.data(), grad_data(0), grad_data(1), grad_data(2), dbias);
+  if (s.bias() && !dbias) grads.back() = Tensor<T>();
+  return grads;
+}
+
+template <class T>
+Var<T> record(std::vector<Var<T>> inputs, Geometry g, const AttentionOptions& options) {
+  apply_options(g, options);
+  if (inputs.back().defined()) {
+    apply_bias(g, inputs.back().shape());
+  } else {
+    inputs.pop_back();
+  }
+  // Until the GPU has fused kernels, its attention is the composite (which materializes the scores).
+  if (!inputs[0].device().is_cpu()) return composite(inputs, g, options.q_lengths, options.kv_lengths);
+  return custom_op<AttentionSaved<T>>(
+      op_name,
+      [&](AttentionSaved<T>& s, const std::vector<Tensor<T>>& in) {
+        s = {g, options.q_lengths, options.kv_lengths, in, Tensor<T>(g.out_shape),
+             Tensor<compute_t<T>>({g.batch(), g.problem.q_heads, g.problem.Sq})};
+        detail::attention_forward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
+                                  s.log_sums.data());
+        return s.o;
+      },
+      [](const AttentionSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
+        return attention_backward(s, needs, dy);
+      },
+      graph_backward([](const AttentionSaved<T>& s, const NeedsGrad&, const std::vector<Var<T>>& in,
+                        const Var<T>& dy) {
+        return composite_vjp<T>(
+            [&](const std::vector<Var<T>>& x) { return composite(x, s.geometry, s.q_lengths, s.kv_lengths); }, in,
+            dy);
+      }),
+      inputs);
+}
+
+}  // namespace
+
+template <class U>
+Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, const AttentionOptions& options,
+                             const Var<U>& bias) {
+  const OpScope scope = enter_op(op_name, q, k, v);
+  return record<U>({q, k, v, bias}, separate_geometry(q.shape(), k.shape(), v.shape(), options.layout), options);
+}
+
+template <class U>
+Var<U> dot_product_attention_qkv(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
+                                 const AttentionOptions& options, const Var<U>& bias) {
+  const OpScope scope = enter_op(op_name, qkv);
+  return record<U>({qkv, bias}, packed_geometry(qkv.shape(), q_heads, kv_heads), options);
+}
+
+#define TAPEGRAD_INSTANTIATE_DOT_PRODUCT_ATTENTION(U)                                                          \
+  template Var<U> dot_product_attention<U>(const Var<U>&, const Var<U>&, const Var<U>&, const AttentionOptions&, \
+                                           const Var<U>&);                                                     \
+  template Var<U> dot_product_attention_qkv<U>(const Var<U>&, std::int64_t, std::int64_t,                      \
+                                               const AttentionOptions&, const Var<U>&);
+TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_DOT_PRODUCT_ATTENTION)
+
+}  // namespace tapegrad::nn
