@@ -10,6 +10,7 @@
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/activation.hpp"
+#include "tapegrad/ops/attention.hpp"
 #include "tapegrad/ops/cast.hpp"
 #include "tapegrad/ops/dist.hpp"
 #include "tapegrad/ops/elementwise.hpp"

@@ -1,4 +1,4 @@
-// The problem a fused attention kernel solves (nn::dot_product_attention, ops/nn/dot_product_attention.cpp), and the
+// The problem a fused attention kernel solves (nn::dot_product_attention, ops/attention.cpp), and the
 // rules that say which keys a query sees and which probabilities dropout keeps: plain C++ that the CPU kernels and
 // the CUDA ones both compile, so that a mask or a dropout draw is the same on every device.
 //

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "tapegrad/ops/nn/dense.hpp"
-#include "tapegrad/ops/nn/dot_product_attention.hpp"
+#include "tapegrad/ops/attention.hpp"
 #include "tapegrad/ops/nn/layer_norm_dense.hpp"
 
 namespace tapegrad::nn {

@@ -1,4 +1,4 @@
-// dot_product_attention's CPU kernels (ops/nn/dot_product_attention.cpp): the FlashAttention algorithm. The forward
+// dot_product_attention's CPU kernels (ops/attention.cpp): the FlashAttention algorithm. The forward
 // walks the keys in blocks with an online softmax (each query row keeps its running max and sum, and rescales its
 // accumulator when the max grows), so no Sq × Sk tensor exists; it saves O and each row's log-sum-exp. The backward
 // recomputes the probabilities block by block from the log-sum-exp:

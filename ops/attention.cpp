@@ -1,8 +1,8 @@
 // dot_product_attention as one node: its geometry (layouts as row strides, cuda/attention_problem.hpp), the checks,
-// the CPU kernels (ops/nn/detail/flash_attention.hpp), and the composite of recorded ops that serves as its recorded
+// the CPU kernels (ops/detail/flash_attention.hpp), and the composite of recorded ops that serves as its recorded
 // backward (create_graph: the composite's VJP, so the second derivative exists) and as the GPU path until that
 // device has fused kernels.
-#include "tapegrad/ops/nn/dot_product_attention.hpp"
+#include "tapegrad/ops/attention.hpp"
 
 #include <cmath>
 #include <limits>
@@ -14,7 +14,7 @@
 #include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/matmul.hpp"
-#include "tapegrad/ops/nn/detail/flash_attention.hpp"
+#include "tapegrad/ops/detail/flash_attention.hpp"
 #include "tapegrad/ops/softmax.hpp"
 
 namespace tapegrad::nn {

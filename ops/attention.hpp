@@ -1,6 +1,7 @@
 // nn::dot_product_attention: softmax(scale·q·kᵀ + bias + mask)·v as ONE tape node, by the FlashAttention algorithm:
 // the forward keeps the output and each query's log-sum-exp, the backward recomputes the probabilities block by block,
-// so memory grows with the sequence length, not its square (docs/attention.md).
+// so memory grows with the sequence length, not its square (docs/attention.md). In nn::, as jax.nn's and
+// torch.nn.functional's.
 //
 //   // q [B, 32, S, 128], k and v [B, 8, S, 128]: grouped-query attention, causal, with dropout
 //   Var<bf16> o = nn::dot_product_attention(q, k, v, {.causal = true, .dropout = 0.1, .dropout_seed = step});
