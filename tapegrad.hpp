@@ -27,6 +27,7 @@
 #include "tapegrad/ops/optim/adam.hpp"
 #include "tapegrad/ops/optim/sgd.hpp"
 #include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/ops/rope.hpp"
 #include "tapegrad/ops/softmax.hpp"
 #include "tapegrad/tensor/any_tensor.hpp"
 #include "tapegrad/tensor/dist/communicator.hpp"

@@ -15,6 +15,7 @@
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/detail/flash_attention.hpp"
+#include "tapegrad/ops/detail/head_layout.hpp"
 #include "tapegrad/ops/softmax.hpp"
 
 namespace tapegrad::nn {
@@ -27,56 +28,20 @@ constexpr const char* op_name = "dot_product_attention";
 // output's shape.
 struct Geometry {
   attention::Problem problem;
-  std::vector<std::int64_t> lead;  // the batch axes
   bool packed = false;             // one qkv input
   AttentionLayout layout = AttentionLayout::bhsd;
   std::int64_t bias_batches = 0, bias_heads = 0;  // the bias's [Bb, Hb, Sq, Sk]; 0 without one
   Shape out_shape;
-
-  std::int64_t batch() const { return problem.batch; }
 };
-
-std::int64_t product(const std::vector<std::int64_t>& dims) {
-  std::int64_t n = 1;
-  for (std::int64_t d : dims) n *= d;
-  return n;
-}
-
-std::vector<std::int64_t> leading(const Shape& shape, int trailing) {
-  std::vector<std::int64_t> dims = shape.to_vector();
-  dims.resize(dims.size() - static_cast<std::size_t>(trailing));
-  return dims;
-}
 
 std::vector<std::int64_t> joined(std::vector<std::int64_t> dims, std::initializer_list<std::int64_t> tail) {
   dims.insert(dims.end(), tail);
   return dims;
 }
 
-// A tensor's heads, sequence and head size in `layout`, with its row strides.
-struct Operand {
-  std::vector<std::int64_t> lead;
-  std::int64_t heads = 1, S = 0, D = 0;
-  attention::RowStrides strides;
-};
-
-Operand operand(const Shape& shape, AttentionLayout layout) {
-  Operand x;
-  if (layout == AttentionLayout::bhsd) {
-    const int trailing = shape.rank() >= 3 ? 3 : 2;
-    x.lead = leading(shape, trailing);
-    x.heads = trailing == 3 ? shape.dim(-3) : 1;
-    x.S = shape.dim(-2);
-    x.D = shape.dim(-1);
-    x.strides = {0, x.heads * x.S * x.D, x.S * x.D, x.D};
-  } else {
-    x.lead = leading(shape, 3);
-    x.S = shape.dim(-3);
-    x.heads = shape.dim(-2);
-    x.D = shape.dim(-1);
-    x.strides = {0, x.S * x.heads * x.D, x.D, x.heads * x.D};
-  }
-  return x;
+// The row strides of a tensor read in its layout.
+attention::RowStrides row_strides(const tapegrad::detail::HeadLayout& x) {
+  return {0, x.batch_stride, x.head_stride, x.row_stride};
 }
 
 void check_heads(std::int64_t q_heads, std::int64_t kv_heads, const std::string& what) {
@@ -85,11 +50,11 @@ void check_heads(std::int64_t q_heads, std::int64_t kv_heads, const std::string&
 }
 
 Geometry separate_geometry(const Shape& qs, const Shape& ks, const Shape& vs, AttentionLayout layout) {
-  const int min_rank = layout == AttentionLayout::bhsd ? 2 : 3;
-  const char* form = layout == AttentionLayout::bhsd ? "[..., heads, S, D]" : "[..., S, heads, D]";
-  check(qs.rank() >= min_rank && ks.rank() == qs.rank() && vs.rank() == qs.rank(), op_name, "q ", qs, ", k ", ks,
-        " and v ", vs, " should all be ", form);
-  const Operand q = operand(qs, layout), k = operand(ks, layout), v = operand(vs, layout);
+  const char* form = tapegrad::detail::layout_form(layout);
+  check(qs.rank() >= tapegrad::detail::min_rank(layout) && ks.rank() == qs.rank() && vs.rank() == qs.rank(), op_name,
+        "q ", qs, ", k ", ks, " and v ", vs, " should all be ", form);
+  using tapegrad::detail::head_layout;
+  const auto q = head_layout(qs, layout), k = head_layout(ks, layout), v = head_layout(vs, layout);
   check(q.lead == k.lead && q.lead == v.lead && k.heads == v.heads && k.S == v.S && q.D == k.D && q.D > 0 && v.D > 0,
         op_name, "q ", qs, ", k ", ks, " and v ", vs, " should be ", form,
         " with one batch, k and v the same heads and length, q and k the same D > 0");
@@ -97,11 +62,10 @@ Geometry separate_geometry(const Shape& qs, const Shape& ks, const Shape& vs, At
   const bool heads_first = layout == AttentionLayout::bhsd;
   const std::vector<std::int64_t> out =
       heads_first ? joined(q.lead, {q.heads, q.S, v.D}) : joined(q.lead, {q.S, q.heads, v.D});
-  return {.problem = {.batch = product(q.lead), .q_heads = q.heads, .kv_heads = k.heads, .Sq = q.S, .Sk = k.S,
-                      .D = q.D, .Dv = v.D, .q = q.strides, .k = k.strides, .v = v.strides,
-                      .o = operand(heads_first ? Shape{1, q.heads, q.S, v.D} : Shape{1, q.S, q.heads, v.D}, layout)
-                               .strides},
-          .lead = q.lead,
+  return {.problem = {.batch = q.batch, .q_heads = q.heads, .kv_heads = k.heads, .Sq = q.S, .Sk = k.S, .D = q.D,
+                      .Dv = v.D, .q = row_strides(q), .k = row_strides(k), .v = row_strides(v),
+                      .o = row_strides(head_layout(
+                          heads_first ? Shape{1, q.heads, q.S, v.D} : Shape{1, q.S, q.heads, v.D}, layout))},
           .layout = layout,
           .out_shape = Shape(qs.rank() >= 3 ? out : std::vector<std::int64_t>{q.S, v.D})};
 }
@@ -113,11 +77,13 @@ Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t 
   check(width > 0 && width % columns == 0, op_name, "qkv ", shape, " should be [..., S, (q_heads + 2·kv_heads)·D] ",
         "with ", q_heads, " q heads and ", kv_heads, " kv heads: ", width, " is not a positive multiple of ", columns);
   const std::int64_t D = width / columns;
-  const std::vector<std::int64_t> lead = leading(shape, 2);
-  return {.problem = {.batch = product(lead), .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
+  std::vector<std::int64_t> lead = shape.to_vector();
+  lead.resize(lead.size() - 2);
+  std::int64_t batch = 1;
+  for (std::int64_t d : lead) batch *= d;
+  return {.problem = {.batch = batch, .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
                       .Dv = D, .q = {0, S * width, D, width}, .k = {q_heads * D, S * width, D, width},
                       .v = {(q_heads + kv_heads) * D, S * width, D, width}, .o = {0, S * q_heads * D, D, q_heads * D}},
-          .lead = lead,
           .packed = true,
           .out_shape = Shape(joined(lead, {S, q_heads * D}))};
 }
@@ -273,7 +239,7 @@ Var<T> record(std::vector<Var<T>> inputs, Geometry g, const AttentionOptions& op
       op_name,
       [&](AttentionSaved<T>& s, const std::vector<Tensor<T>>& in) {
         s = {g, options.q_lengths, options.kv_lengths, in, Tensor<T>(g.out_shape),
-             Tensor<compute_t<T>>({g.batch(), g.problem.q_heads, g.problem.Sq})};
+             Tensor<compute_t<T>>({g.problem.batch, g.problem.q_heads, g.problem.Sq})};
         detail::attention_forward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
                                   s.log_sums.data());
         return s.o;

@@ -1,6 +1,6 @@
 // Modules on the GPU: parameters created directly on the device (in the dtype asked for, issue 3's regression, and
 // equal to the cpu-created ones: bitwise for constant and uniform initializers, within the documented bound for
-// normal ones), Module::to, and forward and backward of LayerNorm, Dense, dot_product_attention and LayerNormMLP on
+// normal ones), Module::to, and forward and backward of LayerNorm, Dense and LayerNormMLP on
 // the GPU against the cpu in double (tests/gpu_reference.hpp). The forward tests need the GPU paths of matmul, the norms, softmax,
 // layout and elementwise ops.
 #include <doctest/doctest.h>
@@ -41,16 +41,9 @@ template <class M, class U> M& with_parameters(M& module, const std::vector<Var<
   return module;
 }
 
-// A module's forward and backward in T against the double reference, on N(0, 1) inputs (the MLP's kernels scaled
-// down by powers of two, see below) whose outputs and gradients are of size 1 to 15: f64 differs in summation order;
-// f32 in the f32 accumulation of rows of 33 products; bf16 and f16 round every intermediate tensor (2⁻⁸, 2⁻¹¹). The
-// same modules run on the cpu in T stay within 0.42 (bf16) and 0.12 (f16) of these tolerances: a margin of 2 to 8
-// for the GPU's other summation orders.
-template <class T> constexpr Tolerance tolerance{};
-template <> constexpr Tolerance tolerance<double>{1e-10, 1e-10};
-template <> constexpr Tolerance tolerance<float>{1e-4, 1e-4};
-template <> constexpr Tolerance tolerance<bf16>{3e-2, 1e-1};
-template <> constexpr Tolerance tolerance<f16>{5e-3, 2e-2};
+// A module's forward and backward in T against the double reference (the MLP's kernels scaled down by powers of two,
+// see below): tests/gpu_reference.hpp's tolerance for chains of ops.
+template <class T> constexpr Tolerance tolerance = test::chain_tolerance<T>;
 
 }  // namespace
 
@@ -178,25 +171,6 @@ TEST_CASE_TEMPLATE("Dense forward and backward on the GPU match the cpu in doubl
           return with_parameters(module, v, paths)(v[0]);
         },
         inputs, tolerance<T>, 2);
-  }
-}
-
-// The GPU's attention (the composite of recorded ops, until that device has fused kernels) against the cpu's fused
-// node: masks, the bias and dropout's draws are the same on both devices. 7 queries and keys, not a multiple of 8.
-TEST_CASE_TEMPLATE("dot_product_attention's options on the GPU match the cpu in double", T, TAPEGRAD_GPU_DTYPES) {
-  using nn::AttentionLayout;
-  const std::vector<nn::AttentionOptions> cases{
-      {.layout = AttentionLayout::bshd},
-      {.causal = true, .layout = AttentionLayout::bshd},
-      {.causal = true, .window_left = 2, .kv_lengths = {7, 4}, .dropout = 0.2, .dropout_seed = 3,
-       .layout = AttentionLayout::bshd},
-  };
-  for (std::size_t c = 0; c < cases.size(); ++c) {
-    CAPTURE(c);
-    check_against_cpu<T>(
-        "dot_product_attention",
-        [&](const auto& v) { return nn::dot_product_attention(v[0], v[1], v[2], cases[c], v[3]); },
-        {{{2, 7, 4, 16}}, {{2, 7, 2, 16}}, {{2, 7, 2, 5}}, {{1, 4, 7, 7}}}, tolerance<T>, 3);
   }
 }
 
