@@ -26,20 +26,33 @@ std::vector<std::string> paths(const nn::ParameterList& parameters) {
 }
 
 // Self-attention of the module's heads, loop by loop: the qkv columns are q | k | v, each heads × head_dim.
-Tensor<double> reference_attention(const nn::Module& m, const Tensor<double>& x, std::int64_t heads,
-                                   std::int64_t head_dim, bool causal) {
-  const Tensor<double> qkv = test::reference_norm_dense(m, "qkv.", x);
+// The attention of an MHA, in double loops over its projection's rows [q heads | k heads | v heads] (turned by rope
+// when the config has it), then the output projection.
+Tensor<double> reference_attention(const nn::Module& m, const Tensor<double>& x,
+                                   const nn::MultiHeadAttentionConfig& config, const std::string& prefix = "") {
+  const std::int64_t heads = config.num_heads, kv_heads = config.num_kv_heads ? config.num_kv_heads : heads,
+                     head_dim = config.head_dim, columns = heads + 2 * kv_heads;
+  Tensor<double> qkv = config.input_norm ? test::reference_norm_dense(m, prefix + "qkv.", x, config.norm)
+                                          : test::reference_dense(x, parameter_value(m, prefix + "qkv.kernel"),
+                                                                  parameter_value(m, prefix + "qkv.bias"));
   const std::int64_t S = x.dim(-2), width = heads * head_dim, batch = x.numel() / (S * x.dim(-1));
+  if (config.rope) {
+    nn::RopeOptions rope = *config.rope;
+    rope.rotated_heads = heads + kv_heads;
+    qkv = nn::rope(constant(qkv.reshape({batch, S, columns, head_dim})), rope).value();
+  }
   std::vector<std::int64_t> dims = x.shape().to_vector();
   dims.back() = width;
   Tensor<double> attended{Shape(dims)};
+  // Element d of head h (of q, k, or v: part 0, 1, 2) at token s.
   auto at = [&](std::int64_t b, std::int64_t s, std::int64_t part, std::int64_t h, std::int64_t d) {
-    return qkv.flat((b * S + s) * 3 * width + part * width + h * head_dim + d);
+    const std::int64_t head = part == 0 ? h : heads + (part - 1) * kv_heads + h / (heads / kv_heads);
+    return qkv.flat(((b * S + s) * columns + head) * head_dim + d);
   };
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t h = 0; h < heads; ++h) {
       for (std::int64_t i = 0; i < S; ++i) {
-        const std::int64_t keys = causal ? i + 1 : S;
+        const std::int64_t keys = config.causal ? i + 1 : S;
         std::vector<double> p(static_cast<std::size_t>(keys));
         double max = -INFINITY, total = 0.0;
         for (std::int64_t j = 0; j < keys; ++j) {
@@ -57,16 +70,18 @@ Tensor<double> reference_attention(const nn::Module& m, const Tensor<double>& x,
       }
     }
   }
-  return test::reference_dense(attended, parameter_value(m, "out.kernel"), parameter_value(m, "out.bias"));
+  return test::reference_dense(attended, parameter_value(m, prefix + "out.kernel"),
+                               parameter_value(m, prefix + "out.bias"));
 }
 
 // The MLP block, stage by stage: h = norm(x), z = h·W1 + b1 with W1 [H, n, F] as [H, n·F], a = act(z₀)(·z₁),
 // y = a·W2 + b2. gelu is the tanh form; swiglu is silu(z₀)·z₁.
 Tensor<double> reference_mlp(const nn::Module& m, const Tensor<double>& x, Activation activation,
-                             const nn::LayerNormConfig& norm = {}) {
-  const Tensor<double> w1 = parameter_value(m, "wi_kernel"), b1 = parameter_value(m, "wi_bias");
+                             const nn::LayerNormConfig& norm = {}, const std::string& prefix = "") {
+  const Tensor<double> w1 = parameter_value(m, prefix + "wi_kernel"), b1 = parameter_value(m, prefix + "wi_bias");
   const std::int64_t H = w1.dim(0), n = w1.dim(1), F = w1.dim(2);
-  const Tensor<double> h = test::reference_norm(x, parameter_value(m, "scale"), parameter_value(m, "ln_bias"), norm);
+  const Tensor<double> h =
+      test::reference_norm(x, parameter_value(m, prefix + "scale"), parameter_value(m, prefix + "ln_bias"), norm);
   const Tensor<double> z = test::reference_dense(h, w1.reshape({H, n * F}), b1.reshape({n * F}));
   std::vector<std::int64_t> dims = x.shape().to_vector();
   dims.back() = F;
@@ -83,7 +98,19 @@ Tensor<double> reference_mlp(const nn::Module& m, const Tensor<double>& x, Activ
       }
     }
   }
-  return test::reference_dense(a, parameter_value(m, "wo_kernel"), parameter_value(m, "wo_bias"));
+  return test::reference_dense(a, parameter_value(m, prefix + "wo_kernel"), parameter_value(m, prefix + "wo_bias"));
+}
+
+// A TransformerLayer: x + attention, then + MLP, then the output norm when the config has one.
+Tensor<double> reference_transformer_layer(const nn::Module& m, const Tensor<double>& x,
+                                           const nn::TransformerLayerConfig& config) {
+  const nn::MultiHeadAttentionConfig attention = nn::detail::attention_config(config);
+  const Tensor<double> y = add(constant(x), constant(reference_attention(m, x, attention, "attention."))).value();
+  const Tensor<double> z =
+      add(constant(y), constant(reference_mlp(m, y, config.activation, config.norm, "mlp."))).value();
+  if (!config.output_norm) return z;
+  return test::reference_norm(z, parameter_value(m, "output_norm.scale"), parameter_value(m, "output_norm.ln_bias"),
+                              config.norm);
 }
 
 // Calls body(name, make, input shape, reference) for one of each module with parameters in P and compute dtype C:
@@ -114,13 +141,29 @@ template <class P, class C, class Body> void for_each_module(Body body) {
         return nn::MultiHeadAttention<P, C>(6, {.num_heads = 2, .head_dim = 4, .causal = true}, seed);
       },
       Shape{2, 3, 6},
-      [](const nn::Module& m, const Tensor<double>& x) { return reference_attention(m, x, 2, 4, true); });
+      [](const nn::Module& m, const Tensor<double>& x) {
+        return reference_attention(m, x, {.num_heads = 2, .head_dim = 4, .causal = true});
+      });
+  // Grouped-query heads, rotary embeddings and a gated MLP; post-norm in the second.
+  for (const bool output_norm : {false, true}) {
+    const nn::TransformerLayerConfig config{.num_heads = 4, .num_kv_heads = 2, .head_dim = 2, .ffn_dim = 5,
+                                            .activation = Activation::swiglu, .output_norm = output_norm,
+                                            .rope = nn::RopeOptions{}};
+    body(
+        output_norm ? "TransformerLayer, post-norm" : "TransformerLayer",
+        [config](std::uint64_t seed) { return nn::TransformerLayer<P, C>(6, config, seed); }, Shape{2, 3, 6},
+        [config](const nn::Module& m, const Tensor<double>& x) {
+          return reference_transformer_layer(m, x, config);
+        });
+  }
 }
 
 // bf16 compute against the double reference on the same (bf16-exact) input, parameters N(0.3, 0.25): the f32
 // parameters rounded to bf16 (2⁻⁹ relative each) and every intermediate (norm, qkv, scores, probabilities, heads)
-// rounded once, errors that add up along sums of O(1) terms. The worst seen is 1.1% of an output of 3.4 (MHA).
-constexpr Tolerance bf16_compute_tolerance{2e-2, 2e-2};
+// rounded once, errors that add up along sums of O(1) terms, so the absolute part scales with the outputs' rms. The
+// worst seen is 1.1% of an output of 3.4 (MHA), and 0.032 on a TransformerLayer output of 0.30 where the rms is
+// 2.5 (two blocks and two rounded residual sums): 0.57 of this tolerance.
+constexpr Tolerance bf16_compute_tolerance{2e-2, 2e-2, true};
 
 }  // namespace
 
@@ -369,7 +412,7 @@ TEST_CASE("MultiHeadAttention matches the double reference with and without the 
       CHECK(attn.config().head_dim == 2);
       test::randomize_parameters(attn, 60);
       const Tensor<double> x = randn<double>(shape, 61);
-      test::check_close(attn(constant(x)).value(), reference_attention(attn, x, 3, 2, causal), {1e-12, 1e-12});
+      test::check_close(attn(constant(x)).value(), reference_attention(attn, x, attn.config()), {1e-12, 1e-12});
     }
   }
 }
@@ -381,6 +424,46 @@ TEST_CASE("MultiHeadAttention passes gradcheck for its input and parameters, cau
     test::randomize_parameters(attn, 70);
     CHECK(test::module_gradcheck(attn, randn<double>({2, 3, 4}, 71)));
   }
+}
+
+TEST_CASE("MultiHeadAttention with grouped-query heads, rope and no input norm matches the double reference") {
+  const std::vector<nn::MultiHeadAttentionConfig> configs{
+      {.num_heads = 4, .num_kv_heads = 2, .head_dim = 3, .causal = true},
+      {.num_heads = 4, .num_kv_heads = 1, .head_dim = 4, .rope = nn::RopeOptions{.rotary_dim = 2}},
+      {.num_heads = 2, .head_dim = 4, .causal = true, .rope = nn::RopeOptions{.interleaved = true},
+       .input_norm = false},
+  };
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    CAPTURE(c);
+    nn::MultiHeadAttention<double> attn(6, configs[c], 1);
+    test::randomize_parameters(attn, 62);
+    const Tensor<double> x = randn<double>({2, 5, 6}, 63);
+    test::check_close(attn(constant(x)).value(), reference_attention(attn, x, attn.config()), {1e-12, 1e-12});
+    CHECK(test::module_gradcheck(attn, x));
+  }
+}
+
+TEST_CASE("MultiHeadAttention's padded tokens leave the valid ones as a shorter sequence gives them") {
+  nn::MultiHeadAttention<double> attn(6, {.num_heads = 2, .num_kv_heads = 1, .causal = true}, 1);
+  test::randomize_parameters(attn, 64);
+  const Tensor<double> x = randn<double>({2, 7, 6}, 65);
+  const Tensor<double> y = attn(constant(x), {.lengths = {7, 4}}).value();
+  const Tensor<double> short_y = attn(constant(slice(constant(x), 1, 0, 4).value())).value();
+  for (std::int64_t s = 0; s < 4; ++s) {
+    for (std::int64_t j = 0; j < 6; ++j) CHECK(y(1, s, j) == doctest::Approx(short_y(1, s, j)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("MultiHeadAttention's dropout runs in the calls that give a seed, the same mask for the same seed") {
+  nn::MultiHeadAttention<double> attn(6, {.num_heads = 2, .dropout = 0.3}, 1);
+  test::randomize_parameters(attn, 66);
+  const Var<double> x = constant(randn<double>({2, 5, 6}, 67));
+  const Tensor<double> plain = attn(x).value(), dropped = attn(x, {.dropout_seed = 9}).value();
+  CHECK_FALSE(test::bitwise_equal(plain, dropped));
+  CHECK(test::bitwise_equal(dropped, attn(x, {.dropout_seed = 9}).value()));
+  CHECK(test::module_gradcheck(attn, x.value(), [](const auto& module, const Var<double>& input) {
+    return module(input, {.dropout_seed = 9});
+  }));
 }
 
 TEST_CASE("a causal MultiHeadAttention's outputs before a token do not depend on it; a full one's do") {
@@ -522,4 +605,8 @@ TEST_CASE("configurations that cannot work throw naming the module and the sizes
   CHECK_THROWS_WITH_AS(nn::MultiHeadAttention<float>(6, {.num_heads = 4, .head_dim = -1}, 0),
                        doctest::Contains("head_dim must be positive"), Error);
   CHECK(nn::MultiHeadAttention<float>(6, {.num_heads = 4, .head_dim = 5}, 0).config().head_dim == 5);
+  CHECK_THROWS_WITH_AS(nn::MultiHeadAttention<float>(8, {.num_heads = 4, .num_kv_heads = 3}, 0),
+                       "MultiHeadAttention: num_kv_heads 3 must divide num_heads 4", Error);
+  CHECK_THROWS_WITH_AS(nn::TransformerLayer<float>(8, {.num_heads = 2}, 0),
+                       "TransformerLayer: ffn_dim must be positive, got 0", Error);
 }

@@ -1,5 +1,5 @@
 // The neural-network modules in one include: Module, LayerNorm, Dense, LayerNormDense, LayerNormMLP,
-// MultiHeadAttention, summary(), save / load of a module's state_dict, and data parallelism (DataParallel).
+// MultiHeadAttention, TransformerLayer, summary(), save / load of a module's state_dict, and data parallelism (DataParallel).
 #pragma once
 
 #include "tapegrad/ops/nn/attention.hpp"
@@ -12,3 +12,4 @@
 #include "tapegrad/ops/nn/module.hpp"
 #include "tapegrad/ops/nn/parameter.hpp"
 #include "tapegrad/ops/nn/summary.hpp"
+#include "tapegrad/ops/nn/transformer_layer.hpp"
