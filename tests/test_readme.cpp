@@ -8,6 +8,7 @@
 #include <string>
 
 #include "project_attend.hpp"
+#include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -99,6 +100,28 @@ TEST_CASE("the README's modules example: bf16 parameters stay bf16, mixed precis
   for (const nn::NamedParameter& p : mixed.parameters()) CHECK(std::get<Var<float>>(p.var).grad().defined());
 
   CHECK(nn::summary(model, randn<bf16>({8, 16, 128}, 1)).find("| attn.qkv ") != std::string::npos);
+  optim::AdamW optimizer(mixed.parameters(), {.lr = 1e-3});
+  const Tensor<float> before = std::get<Var<float>>(mixed.parameters()[0].var).value().clone();
+  optimizer.step();
+  CHECK_FALSE(test::bitwise_equal(before, std::get<Var<float>>(mixed.parameters()[0].var).value()));
+}
+
+TEST_CASE("the README's attention example: one node, and a TransformerLayer in bf16 compute") {
+  const std::int64_t B = 2, S = 8, step = 3;
+  const Var<bf16> q = param(randn<bf16>({B, 32, S, 128}, 1)), k = param(randn<bf16>({B, 8, S, 128}, 2)),
+                  v = param(randn<bf16>({B, 8, S, 128}, 3));
+  const std::size_t nodes = Tape::active().size();
+  Var<bf16> o = nn::dot_product_attention(q, k, v, {.causal = true, .dropout = 0.1, .dropout_seed = step});
+  CHECK(Tape::active().size() == nodes + 1);
+  CHECK(o.shape() == Shape{B, 32, S, 128});
+  nn::TransformerLayer<float, bf16> layer(1024, {.num_heads = 16, .num_kv_heads = 4, .ffn_dim = 4096,
+                                                 .rope = nn::RopeOptions{}}, /*seed=*/0);
+  const Var<float> x = constant(randn<float>({B, S, 1024}, 4));
+  Var<bf16> h = layer(x, {.dropout_seed = step});
+  CHECK(h.shape() == Shape{B, S, 1024});
+  backward(mean(h));
+  for (const nn::NamedParameter& p : layer.parameters()) CHECK(std::get<Var<float>>(p.var).grad().defined());
+  Tape::active().clear();
 }
 
 TEST_CASE("the README's safetensors example saves and loads bf16 and f32 tensors by name") {
