@@ -66,7 +66,17 @@ JsonLine& JsonLine::key(std::string_view k) {
 }
 JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
   key(k);
-  out_ << '"' << value << '"';
+  out_ << '"';
+  for (const char c : value) {  // escaped: a value may be an error message, with quotes or line breaks
+    if (c == '"' || c == '\\') {
+      out_ << '\\' << c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out_ << (c == '\n' ? "\\n" : " ");
+    } else {
+      out_ << c;
+    }
+  }
+  out_ << '"';
   return *this;
 }
 JsonLine& JsonLine::num(std::string_view k, double value) {

@@ -69,9 +69,13 @@ void matmul();
 void layernorm_mlp();
 void adjoint();
 void higher_order();
-void gpu_matmul();     // builds with CUDA only
-void gpu_bandwidth();  // builds with CUDA only
-void gpu_layernorm_mlp();  // builds with CUDA only
-void gpu_higher_order();   // builds with CUDA only
+void attention();
+// Builds with CUDA only:
+void gpu_matmul();
+void gpu_bandwidth();
+void gpu_layernorm_mlp();
+void gpu_higher_order();
+void gpu_attention();
+void gpu_transformer_layer();
 
 }  // namespace bench

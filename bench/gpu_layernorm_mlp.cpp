@@ -17,7 +17,6 @@
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/tensor/gpu/graph.hpp"
-#include "tapegrad/tensor/gpu/memory.hpp"
 #include "gpu_mlp_block.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -70,13 +69,7 @@ void run_config(const Config& c, const Precision& precision, bool autotune) {
                                                Tape::active().clear();
                                              },
                                              step});
-  // The peak of one more step, after the timed ones left the pool warm.
-  cuda::synchronize(0);
-  cuda::reset_peak_memory(0);
-  const std::size_t before = cuda::memory_stats(0).in_use;
-  step();
-  cuda::synchronize(0);
-  const double peak_extra_mib = static_cast<double>(cuda::memory_stats(0).peak_in_use - before) / (1 << 20);
+  const double peak_extra = peak_extra_mib(step);
 
   std::optional<Timing> replayed;
   if (precision.graph) {
@@ -108,7 +101,7 @@ void run_config(const Config& c, const Precision& precision, bool autotune) {
         .num("median_ms", m.timing->median_ns * 1e-6)
         .num("tflops", m.flops / m.timing->median_ns * 1e-3)
         .timing(*m.timing);
-    if (std::string(m.mode) == "forward_backward") line.num("peak_extra_mib", peak_extra_mib);
+    if (std::string(m.mode) == "forward_backward") line.num("peak_extra_mib", peak_extra);
   }
 }
 

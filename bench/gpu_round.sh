@@ -11,6 +11,10 @@
 #                           ITERS steps (default 200), then the table                       -> peers$RUN.jsonl
 #     fp8peers              peer_torch_fp8.py (PyTorch eager, FP8 GEMMs) and $FLOOR (default
 #                           bench/fp8_gemm_floor.py: the six GEMMs in fp8 and bf16)          -> fp8peers$RUN.jsonl
+#     attention             tapegrad_bench gpu_attention, then peer_attention.py for torch,
+#                           then for jax (separate processes), ITERS steps (default 50)    -> attention$RUN.jsonl
+#     layer                 tapegrad_bench gpu_transformer_layer, then
+#                           peer_transformer_layer.py, as attention                        -> layer$RUN.jsonl
 #     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
@@ -66,6 +70,14 @@ for step in "$@"; do
       ITERS=${ITERS:-200} python3 "$PEER" >"$peers" 2>>"$log"
       ITERS=${ITERS:-200} python3 bench/peer_jax_with_y.py "$PEER" >>"$peers" 2>>"$log"
       python3 bench/layernorm_mlp_peers.py "$OUT/ours${RUN:-}.jsonl" "$peers" | tee -a "$log" ;;
+    attention | layer)
+      group=gpu_attention peer=bench/peer_attention.py
+      [ "$step" = layer ] && group=gpu_transformer_layer peer=bench/peer_transformer_layer.py
+      $B/bench/tapegrad_bench $group >"$OUT/$step${RUN:-}.jsonl" 2>>"$log"
+      for framework in torch jax; do
+        ITERS=${ITERS:-50} python3 $peer $framework >>"$OUT/$step${RUN:-}.jsonl" 2>>"$log"
+      done
+      cat "$OUT/$step${RUN:-}.jsonl" >>"$log" ;;
     fp8peers)
       fp8peers=$OUT/fp8peers${RUN:-}.jsonl
       ITERS=${ITERS:-200} python3 bench/peer_torch_fp8.py "$PEER" >"$fp8peers" 2>>"$log"

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include "tapegrad/autodiff/tape.hpp"
+#include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/gpu/detail/check.cuh"
 #include "tapegrad/tensor/gpu/device.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
@@ -34,6 +36,26 @@ std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, 
     TAPEGRAD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
     return static_cast<double>(ms) * 1e6;
   });
+}
+
+double peak_extra_mib(const std::function<void()>& run, int device) {
+  tapegrad::cuda::synchronize(device);
+  tapegrad::cuda::reset_peak_memory(device);
+  const std::size_t before = tapegrad::cuda::memory_stats(device).in_use;
+  run();
+  tapegrad::cuda::synchronize(device);
+  return static_cast<double>(tapegrad::cuda::memory_stats(device).peak_in_use - before) / (1 << 20);
+}
+
+std::optional<std::string> failure_of(const std::function<void()>& run, int device) {
+  try {
+    run();
+    return std::nullopt;
+  } catch (const tapegrad::Error& e) {
+    tapegrad::Tape::active().clear();
+    tapegrad::cuda::synchronize(device);
+    return e.what();
+  }
 }
 
 bool gpu_available(const char* group) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "bench.hpp"
@@ -15,6 +17,15 @@ std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, 
 inline Timing measure_gpu(const std::function<void()>& run, int device = 0) {
   return measure_gpu(std::vector<std::function<void()>>{run}, device)[0];
 }
+
+// The peak extra device memory of one more `run`, in MiB: the most tapegrad held during it beyond what it held
+// before (inputs and parameters), as the peers' peak_extra_mib. Run it after the timed repetitions, which leave the
+// pool warm.
+double peak_extra_mib(const std::function<void()>& run, int device = 0);
+
+// Runs one case of a group. If it throws tapegrad::Error (above all OutOfMemoryError: a case too large for the
+// device), clears the tape, waits for the device and returns the message, for the group to report and go on.
+std::optional<std::string> failure_of(const std::function<void()>& run, int device = 0);
 
 // Whether a GPU is visible; if not, writes one JSON line saying that `group` was skipped.
 bool gpu_available(const char* group);

@@ -1,12 +1,15 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
 //   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [higher_order]
-//                  [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order]
+//                  [attention] [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order] [gpu_attention]
+//                  [gpu_transformer_layer]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
 // OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -24,6 +27,18 @@ const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v ? v : fallback;
 }
+
+constexpr const char* cpu_groups[] = {"tape", "fusion", "matmul", "layernorm_mlp", "adjoint", "higher_order",
+                                      "attention"};
+constexpr const char* gpu_groups[] = {"gpu_bandwidth",    "gpu_matmul",    "gpu_layernorm_mlp",
+                                      "gpu_higher_order", "gpu_attention", "gpu_transformer_layer"};
+
+bool is_group(const std::string& arg) {
+  const auto in = [&](const auto& names) {
+    return std::find(std::begin(names), std::end(names), arg) != std::end(names);
+  };
+  return in(cpu_groups) || (tapegrad::cuda::enabled && in(gpu_groups));
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,18 +49,15 @@ int main(int argc, char** argv) {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
-    } else if (arg == "tape" || arg == "fusion" || arg == "matmul" || arg == "layernorm_mlp" || arg == "adjoint" ||
-               arg == "higher_order" ||
-               (tapegrad::cuda::enabled &&
-                (arg == "gpu_bandwidth" || arg == "gpu_matmul" || arg == "gpu_layernorm_mlp" ||
-                 arg == "gpu_higher_order"))) {
+    } else if (is_group(arg)) {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] "
-                   "[higher_order]"
-                << (tapegrad::cuda::enabled ? " [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order]"
-                                            : "")
-                << "\n";
+      std::cerr << "usage: tapegrad_bench [--quick] [--threads N]";
+      for (const char* g : cpu_groups) std::cerr << " [" << g << "]";
+      if (tapegrad::cuda::enabled) {
+        for (const char* g : gpu_groups) std::cerr << " [" << g << "]";
+      }
+      std::cerr << "\n";
       return 2;
     }
   }
@@ -65,10 +77,13 @@ int main(int argc, char** argv) {
   if (wanted("layernorm_mlp")) bench::layernorm_mlp();
   if (wanted("adjoint")) bench::adjoint();
   if (wanted("higher_order")) bench::higher_order();
+  if (wanted("attention")) bench::attention();
   if constexpr (tapegrad::cuda::enabled) {
     if (wanted("gpu_bandwidth")) bench::gpu_bandwidth();
     if (wanted("gpu_matmul")) bench::gpu_matmul();
     if (wanted("gpu_layernorm_mlp")) bench::gpu_layernorm_mlp();
     if (wanted("gpu_higher_order")) bench::gpu_higher_order();
+    if (wanted("gpu_attention")) bench::gpu_attention();
+    if (wanted("gpu_transformer_layer")) bench::gpu_transformer_layer();
   }
 }

@@ -50,6 +50,56 @@ def cuda_time(fn, iters=ITERS, warmup=5):
     return statistics.median(times), min(times), max(times)
 
 
+def cuda_time_and_peak(fn):
+    """cuda_time of fn, and the most memory torch allocated during it beyond what was allocated before (inputs and
+    parameters): (median, min, max, peak bytes)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    med, lo, hi = cuda_time(fn)
+    return med, lo, hi, torch.cuda.max_memory_allocated() - base
+
+
+def autograd_step(f, inputs, dy):
+    """One training step's work with autograd: f(*inputs) seeded with dy into every input (all made to require
+    gradients), the gradients dropped after."""
+    for t in inputs:
+        t.requires_grad_(True)
+
+    def step():
+        f(*inputs).backward(dy)
+        for t in inputs:
+            t.grad = None
+    return step
+
+
+def jax_time(fn, *args, iters=ITERS, warmup=5):
+    """cuda_time for JAX, which has no CUDA events: wall time of fn(*args) until its results are ready."""
+    import jax
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times), max(times)
+
+
+def jax_step(f):
+    """jax.jit of f's forward and backward: (*primals, dy) -> (y, the gradients of every primal). y is returned too:
+    a training step needs it (its loss), and without it XLA drops the forward's last product."""
+    import jax
+
+    @jax.jit
+    def step(*args):
+        *primals, dy = args
+        y, vjp = jax.vjp(f, *primals)
+        return y, vjp(dy)
+    return step
+
+
 def make_inputs(M, H, Fd, kind, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.float32, generator=g)
@@ -93,28 +143,11 @@ def torch_block(kind, linear=F.linear):
 
 def bench_torch(name, M, H, Fd, kind, compiled, block=torch_block):
     """The step of block(kind) (default torch_block; peer_torch_fp8.py passes its fp8 block) with autograd."""
-    x, dy, gamma, beta, w1, b1, w2, b2 = make_inputs(M, H, Fd, kind)
-    params = [gamma, beta, w1, b1, w2, b2]
-    for p in params:
-        p.requires_grad_(True)
-    x.requires_grad_(True)
+    x, dy, *params = make_inputs(M, H, Fd, kind)
     f = block(kind)
     if compiled:
         f = torch.compile(f)
-
-    def step():
-        y = f(x, *params)
-        y.backward(dy)
-        for t in [x] + params:
-            t.grad = None
-
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    med, lo, hi = cuda_time(step)
-    peak = torch.cuda.max_memory_allocated() - base
-    return med, lo, hi, peak
+    return cuda_time_and_peak(autograd_step(f, [x] + params, dy))
 
 
 def bench_gemm_floor(M, H, Fd, kind):
@@ -136,25 +169,32 @@ def bench_gemm_floor(M, H, Fd, kind):
     return med, lo, hi, None
 
 
-def bench_jax(M, H, Fd, kind):
+def to_jax(tensors):
+    """The torch tensors as bf16 JAX arrays on the default device: the same values in both frameworks."""
+    import jax.numpy as jnp
+    return [jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in tensors]
+
+
+def jax_norm(norm, x, gamma, beta):
+    """LayerNorm ("ln", with beta) or RMSNorm ("rms") of x's last axis, statistics in f32."""
     import jax
     import jax.numpy as jnp
+    xf = x.astype(jnp.float32)
+    if norm == "ln":
+        mu = xf.mean(-1, keepdims=True)
+        var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+        return ((xf - mu) * jax.lax.rsqrt(var + EPS)).astype(x.dtype) * gamma + beta
+    return (xf * jax.lax.rsqrt((xf * xf).mean(-1, keepdims=True) + EPS)).astype(x.dtype) * gamma
 
-    x, dy, gamma, beta, w1, b1, w2, b2 = [
-        jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16)
-        for t in make_inputs(M, H, Fd, kind)
-    ]
+
+def jax_block(kind):
+    """The block in jax.numpy, with torch_block's arguments (weights as F.linear takes them)."""
+    import jax
 
     norm, act, gated, bias = parse(kind)
 
     def f(x, gamma, beta, w1, b1, w2, b2):
-        xf = x.astype(jnp.float32)
-        if norm == "ln":
-            mu = xf.mean(-1, keepdims=True)
-            var = ((xf - mu) ** 2).mean(-1, keepdims=True)
-            h = ((xf - mu) * jax.lax.rsqrt(var + EPS)).astype(x.dtype) * gamma + beta
-        else:
-            h = (xf * jax.lax.rsqrt((xf * xf).mean(-1, keepdims=True) + EPS)).astype(x.dtype) * gamma
+        h = jax_norm(norm, x, gamma, beta)
         u = h @ w1.T
         if bias:
             u = u + b1
@@ -166,22 +206,31 @@ def bench_jax(M, H, Fd, kind):
             u = jax.nn.gelu(u, approximate=True)
         y = u @ w2.T
         return y + b2 if bias else y
+    return f
 
-    @jax.jit
-    def step(x, gamma, beta, w1, b1, w2, b2, dy):
-        # y is returned too: a training step needs it (its loss), and without it XLA drops the forward's GEMM2.
-        y, vjp = jax.vjp(f, x, gamma, beta, w1, b1, w2, b2)
-        return y, vjp(dy)
 
-    args = (x, gamma, beta, w1, b1, w2, b2, dy)
-    for _ in range(5):
-        jax.block_until_ready(step(*args))
-    times = []
-    for _ in range(ITERS):
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), max(times), None
+def bench_jax(M, H, Fd, kind):
+    x, dy, *params = to_jax(make_inputs(M, H, Fd, kind))
+    return (*jax_time(jax_step(jax_block(kind)), x, *params, dy), None)
+
+
+def print_record(rec, bench, flops):
+    """Prints rec (what was measured) as one JSON line with bench()'s (median, min, max ms, peak bytes or None) and
+    TFLOP/s on `flops`, or with the error bench raised: one failing system must not hide the rest."""
+    try:
+        med, lo, hi, peak = bench()
+        rec.update(median_ms=round(med, 4), min_ms=round(lo, 4), max_ms=round(hi, 4),
+                   tflops=round(flops / (med * 1e-3) / 1e12, 1),
+                   peak_extra_mib=None if peak is None else round(peak / 2**20, 1))
+    except Exception as e:
+        rec.update(error=repr(e)[:300])
+    print(json.dumps(rec), flush=True)
+
+
+def split_frameworks(argv):
+    """The frameworks argv names ("torch", "jax"; none named: both) and the config names it names."""
+    frameworks = {a for a in argv if a in ("torch", "jax")} or {"torch", "jax"}
+    return frameworks, {a for a in argv if a not in ("torch", "jax")}
 
 
 def main():
@@ -196,15 +245,7 @@ def main():
             ("jax_jit", lambda: bench_jax(M, H, Fd, kind)),
         ]
         for sysname, fn in systems:
-            try:
-                med, lo, hi, peak = fn()
-                rec = dict(config=name, M=M, H=H, F=Fd, kind=kind, system=sysname,
-                           median_ms=round(med, 4), min_ms=round(lo, 4), max_ms=round(hi, 4),
-                           tflops=round(flops(M, H, Fd, kind) / (med * 1e-3) / 1e12, 1),
-                           peak_extra_mib=None if peak is None else round(peak / 2**20, 1))
-            except Exception as e:  # keep going: one failing system must not hide the rest
-                rec = dict(config=name, system=sysname, error=repr(e)[:300])
-            print(json.dumps(rec), flush=True)
+            print_record(dict(config=name, M=M, H=H, F=Fd, kind=kind, system=sysname), fn, flops(M, H, Fd, kind))
 
 
 if __name__ == "__main__":

@@ -76,3 +76,20 @@ if by_group["layernorm_mlp_memory"]:
     forms = ["node save_all", "node recompute_norm", "node recompute_all", "composite"]
     table(["(M, H, F)", "dtype", "activation"] + [f"{f} (× x)" for f in forms],
           [[*key, *(f"{c[f]:.2f}" for f in forms)] for key, c in cells.items()])
+
+if by_group["attention"]:
+    cells = defaultdict(dict)
+    for r in by_group["attention"]:
+        b, s, hq, hkv, d = r["b_s_hq_hkv_d"]
+        cells[(f"({b}, {s}, {hq}/{hkv}, {d})", "causal" if r["causal"] else "full", r["dtype"])][r["mode"]] = r
+    modes = ["forward", "forward_backward"]
+    table(["(B, S, Hq/Hkv, D)", "mask", "dtype"] + [f"{m} ms" for m in modes] + [f"{m} GFLOP/s" for m in modes],
+          [[*key, *(f"{c[m]['median_ns'] / 1e6:.2f}" for m in modes), *(f"{c[m]['gflops']:.1f}" for m in modes)]
+           for key, c in cells.items()])
+
+if by_group["attention_memory"]:
+    mb = 1 / (1 << 20)
+    table(["(B, S, H, D)", "peak extra MiB", "bytes per token", "one S × S f32 matrix MiB"],
+          [[str(tuple(r["b_s_hq_hkv_d"][:3] + r["b_s_hq_hkv_d"][4:])), f"{r['peak_extra_bytes'] * mb:.2f}",
+            f"{r['peak_extra_bytes_per_token']:.0f}", f"{r['one_s_by_s_matrix_bytes'] * mb:.0f}"]
+           for r in by_group["attention_memory"]])

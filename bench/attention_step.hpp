@@ -1,0 +1,50 @@
+// The attention the benchmarks time (bench/attention.cpp on the CPU, bench/gpu_attention.cpp on the GPU):
+// nn::dot_product_attention of q [B, S, Hq, D], k and v [B, S, Hkv, D] (layout bshd, as the shapes and JAX's
+// native layout), unit normal inputs and output gradient, and the FLOP count both report, the one
+// bench/peer_attention.py uses for the peers.
+#pragma once
+
+#include <cstdint>
+
+#include "tapegrad/tapegrad.hpp"
+
+namespace bench {
+
+struct AttentionShape {
+  const char* name;
+  std::int64_t B, S, Hq, Hkv, D;
+};
+
+// The forward's two products, q·kᵀ and p·v: 4·B·Hq·S²·D; causal skips half of them.
+inline double attention_forward_flops(const AttentionShape& s, bool causal) {
+  return 4.0 * double(s.B) * double(s.Hq) * double(s.S) * double(s.S) * double(s.D) / (causal ? 2 : 1);
+}
+// The backward's five products (p recomputed, dv, dp, dq, dk) against the forward's two, as FlashAttention counts.
+inline constexpr double attention_backward_over_forward = 2.5;
+
+template <class T> struct AttentionStep {
+  tapegrad::Var<T> q, k, v;
+  tapegrad::Tensor<T> dy;
+  tapegrad::nn::AttentionOptions options;
+
+  AttentionStep(const AttentionShape& s, bool causal, tapegrad::Device device) {
+    using namespace tapegrad;
+    q = param(randn<T>({s.B, s.S, s.Hq, s.D}, 1, 0.0, 1.0, device));
+    k = param(randn<T>({s.B, s.S, s.Hkv, s.D}, 2, 0.0, 1.0, device));
+    v = param(randn<T>({s.B, s.S, s.Hkv, s.D}, 3, 0.0, 1.0, device));
+    dy = randn<T>({s.B, s.S, s.Hq, s.D}, 4, 0.0, 1.0, device);
+    options = {.causal = causal, .layout = nn::AttentionLayout::bshd};
+  }
+
+  // The recorded forward, as in training.
+  tapegrad::Var<T> forward() const { return tapegrad::nn::dot_product_attention(q, k, v, options); }
+
+  // One training step's work: forward, backward, the gradients dropped and the tape cleared.
+  void step() const {
+    tapegrad::backward(forward(), dy);
+    for (tapegrad::Var<T> x : {q, k, v}) x.zero_grad();
+    tapegrad::Tape::active().clear();
+  }
+};
+
+}  // namespace bench

@@ -1,0 +1,71 @@
+// GPU: nn::dot_product_attention at issue 41's shapes, bf16, layout bshd, causal and not, which
+// bench/peer_attention.py times for the peers (PyTorch's SDPA with each backend forced, JAX's cudnn and xla
+// implementations) on the same shapes: the recorded forward (as in training) and the forward + backward step, medians
+// of CUDA-event timings, TFLOP/s on bench/attention_step.hpp's count (forward 4·B·Hq·S²·D, the step 3.5× that,
+// causal half), and each mode's peak extra device memory. Where the GPU path is still the composite of recorded ops
+// (docs/attention.md says which), it materializes S × S scores: a case the device cannot hold reports the error on
+// its line and the others still run.
+#include "attention_step.hpp"
+#include "gpu_timing.hpp"
+#include "tapegrad/cuda/blaslt.hpp"
+
+namespace bench {
+
+namespace {
+
+using namespace tapegrad;
+
+// The names peer_attention.py gives the same shapes.
+constexpr AttentionShape shapes[] = {
+    {"b4_s4k_h32_d128", 4, 4096, 32, 32, 128},  {"b2_s8k_h32_d128", 2, 8192, 32, 32, 128},
+    {"b16_s1k_h16_d64", 16, 1024, 16, 16, 64},  {"b1_s16k_h8_d128", 1, 16384, 8, 8, 128},
+    {"gqa_b4_s4k_h32_kv8_d128", 4, 4096, 32, 8, 128},
+};
+
+JsonLine& describe(JsonLine& line, const AttentionShape& s, bool causal) {
+  return line.str("config", s.name)
+      .shape({s.B, s.S, s.Hq, s.Hkv, s.D}, "b_s_hq_hkv_d")
+      .num("causal", causal)
+      .str("dtype", "bf16");
+}
+
+void run_case(const AttentionShape& s, bool causal) {
+  const AttentionStep<bf16> attention(s, causal, Device::cuda(0));
+  const std::function<void()> runs[] = {[&] {
+                                          (void)attention.forward();
+                                          Tape::active().clear();
+                                        },
+                                        [&] { attention.step(); }};
+  const std::vector<Timing> t = measure_gpu({runs[0], runs[1]});
+  const char* modes[] = {"forward", "forward_backward"};
+  const double forward_flops = attention_forward_flops(s, causal);
+  const double flops[] = {forward_flops, forward_flops * (1 + attention_backward_over_forward)};
+  for (std::size_t m = 0; m < 2; ++m) {
+    const double peak = peak_extra_mib(runs[m]);
+    JsonLine line("gpu_attention");
+    describe(line, s, causal)
+        .str("mode", modes[m])
+        .num("median_ms", t[m].median_ns * 1e-6)
+        .num("tflops", flops[m] / t[m].median_ns * 1e-3)
+        .num("peak_extra_mib", peak)
+        .timing(t[m]);
+  }
+}
+
+}  // namespace
+
+void gpu_attention() {
+  if (!gpu_available("gpu_attention")) return;
+  cuda::set_gemm_autotune(true);
+  for (const AttentionShape& s : shapes) {
+    for (const bool causal : {false, true}) {
+      if (const auto error = failure_of([&] { run_case(s, causal); })) {  // e.g. a composite's S × S scores
+        JsonLine line("gpu_attention");
+        describe(line, s, causal).str("error", *error);
+      }
+    }
+  }
+  cuda::set_gemm_autotune(false);
+}
+
+}  // namespace bench
