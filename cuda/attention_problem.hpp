@@ -30,8 +30,9 @@ struct Problem {
   // (FlashAttention-2), key i otherwise (top-left); -1 leaves a side of the window open.
   bool causal = false, bottom_right = true;
   std::int64_t window_left = -1, window_right = -1;
-  const std::int64_t* q_lengths = nullptr;   // [batch] valid queries (Sq_b), or null for Sq; memory of the kernel's device
-  const std::int64_t* kv_lengths = nullptr;  // [batch] valid keys (Sk_b), or null for Sk
+  // [batch] valid queries (Sq_b) and keys (Sk_b), in the memory of the kernels' device; null: Sq and Sk.
+  const std::int64_t* q_lengths = nullptr;
+  const std::int64_t* kv_lengths = nullptr;
   // An additive bias [Bb, Hb, Sq, Sk] (Bb ∈ {1, batch}, Hb ∈ {1, q_heads}): its strides are 0 along broadcast axes.
   bool has_bias = false;
   std::int64_t bias_batch = 0, bias_head = 0;

@@ -1,7 +1,6 @@
 // dot_product_attention as one node: its geometry (layouts as row strides, cuda/attention_problem.hpp), the checks,
-// the CPU kernels (ops/detail/flash_attention.hpp), and the composite of recorded ops that serves as its recorded
-// backward (create_graph: the composite's VJP, so the second derivative exists) and as the GPU path until that
-// device has fused kernels.
+// the kernels (CPU: ops/detail/flash_attention.hpp; GPU: cuda/attention.cu), and the composite of recorded ops whose
+// VJP is the node's recorded backward (create_graph), so that the second derivative exists.
 #include "tapegrad/ops/attention.hpp"
 
 #include <cmath>
@@ -10,13 +9,16 @@
 
 #include "tapegrad/autodiff/custom_op.hpp"
 #include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/cuda/attention.hpp"
 #include "tapegrad/cuda/attention_problem.hpp"
+#include "tapegrad/ops/detail/flash_attention.hpp"
+#include "tapegrad/ops/detail/head_layout.hpp"
 #include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layout.hpp"
 #include "tapegrad/ops/matmul.hpp"
-#include "tapegrad/ops/detail/flash_attention.hpp"
-#include "tapegrad/ops/detail/head_layout.hpp"
 #include "tapegrad/ops/softmax.hpp"
+#include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad::nn {
 
@@ -195,33 +197,74 @@ Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::ve
   return reshape(heads_first ? out : permute(out, swap_seq_heads), g.out_shape.to_vector());
 }
 
+// The per-batch lengths on `device` (undefined when empty), for the kernels' problem.
+Tensor<std::int64_t> lengths_on(const std::vector<std::int64_t>& lengths, Device device) {
+  if (lengths.empty()) return {};
+  return from_vector<std::int64_t>(lengths, {static_cast<std::int64_t>(lengths.size())}).to(device);
+}
+
+// What the backward needs: the inputs (shared with the caller's), O and each row's log-sum-exp.
 template <class T> struct AttentionSaved {
+  using C = compute_t<T>;
   Geometry geometry;
-  std::vector<std::int64_t> q_lengths, kv_lengths;
-  std::vector<Tensor<T>> inputs;  // q, k, v (or qkv), then the bias
+  std::vector<std::int64_t> q_lengths, kv_lengths;       // on the host, for the composite
+  Tensor<std::int64_t> q_lengths_here, kv_lengths_here;  // on the inputs' device, for the kernels
+  std::vector<Tensor<T>> inputs;                         // q, k, v (or qkv), then the bias
   Tensor<T> o;
-  Tensor<compute_t<T>> log_sums;  // [batch, q_heads, Sq]
+  Tensor<C> log_sums;  // [batch, q_heads, Sq]
 
   attention::Problem problem() const {
     attention::Problem p = geometry.problem;
-    p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
-    p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+    p.q_lengths = q_lengths_here.defined() ? q_lengths_here.data() : nullptr;
+    p.kv_lengths = kv_lengths_here.defined() ? kv_lengths_here.data() : nullptr;
     return p;
   }
+  std::size_t operands() const { return geometry.packed ? 1 : 3; }
   const T* operand(std::size_t k) const { return inputs[geometry.packed ? 0 : k].data(); }
   const T* bias() const { return geometry.problem.has_bias ? inputs.back().data() : nullptr; }
 };
 
+template <class T> Tensor<T> attention_forward(AttentionSaved<T>& s) {
+  const Device device = s.inputs[0].device();
+  by_device(
+      op_name, device,
+      [&] {
+        detail::attention_forward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
+                                  s.log_sums.data());
+      },
+      [&](auto gpu) {
+        cuda::attention_forward(dtype_v<T>, s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(),
+                                s.o.data(), s.log_sums.data(), gpu.index);
+      });
+  return s.o;
+}
+
+// One gradient per input; the bias's only when it is needed. The GPU sums the bias's gradient in the compute type.
 template <class T> std::vector<Tensor<T>> attention_backward(const AttentionSaved<T>& s, const NeedsGrad& needs,
                                                              const Tensor<T>& dy) {
+  using C = compute_t<T>;
+  const Device device = dy.device();
   std::vector<Tensor<T>> grads;
-  for (const Tensor<T>& x : s.inputs) grads.emplace_back(x.shape());
-  const std::size_t operands = s.geometry.packed ? 1 : 3;
+  for (std::size_t k = 0; k < s.operands(); ++k) grads.emplace_back(s.inputs[k].shape(), device);
+  const bool wants_dbias = s.bias() && needs[s.operands()];
   const auto grad_data = [&](std::size_t k) { return grads[s.geometry.packed ? 0 : k].data(); };
-  T* dbias = s.bias() && needs[operands] ? grads[operands].data() : nullptr;
-  detail::attention_backward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
-                             s.log_sums.data(), dy.data(), grad_data(0), grad_data(1), grad_data(2), dbias);
-  if (s.bias() && !dbias) grads.back() = Tensor<T>();
+  by_device(
+      op_name, device,
+      [&] {
+        Tensor<T> dbias = wants_dbias ? Tensor<T>(s.inputs.back().shape()) : Tensor<T>();
+        detail::attention_backward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
+                                   s.log_sums.data(), dy.data(), grad_data(0), grad_data(1), grad_data(2),
+                                   wants_dbias ? dbias.data() : nullptr);
+        if (s.bias()) grads.push_back(dbias);
+      },
+      [&](auto gpu) {
+        Tensor<C> delta(s.log_sums.shape(), device);
+        Tensor<C> dbias = wants_dbias ? zeros<C>(s.inputs.back().shape(), device) : Tensor<C>();
+        cuda::attention_backward(dtype_v<T>, s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(),
+                                 s.o.data(), s.log_sums.data(), dy.data(), delta.data(), grad_data(0), grad_data(1),
+                                 grad_data(2), wants_dbias ? dbias.data() : nullptr, gpu.index);
+        if (s.bias()) grads.push_back(wants_dbias ? cast<T>(dbias) : Tensor<T>());
+      });
   return grads;
 }
 
@@ -233,16 +276,19 @@ Var<T> record(std::vector<Var<T>> inputs, Geometry g, const AttentionOptions& op
   } else {
     inputs.pop_back();
   }
-  // Until the GPU has fused kernels, its attention is the composite (which materializes the scores).
-  if (!inputs[0].device().is_cpu()) return composite(inputs, g, options.q_lengths, options.kv_lengths);
   return custom_op<AttentionSaved<T>>(
       op_name,
       [&](AttentionSaved<T>& s, const std::vector<Tensor<T>>& in) {
-        s = {g, options.q_lengths, options.kv_lengths, in, Tensor<T>(g.out_shape),
-             Tensor<compute_t<T>>({g.problem.batch, g.problem.q_heads, g.problem.Sq})};
-        detail::attention_forward(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
-                                  s.log_sums.data());
-        return s.o;
+        const Device device = in[0].device();
+        s = {g,
+             options.q_lengths,
+             options.kv_lengths,
+             lengths_on(options.q_lengths, device),
+             lengths_on(options.kv_lengths, device),
+             in,
+             Tensor<T>(g.out_shape, device),
+             Tensor<compute_t<T>>({g.problem.batch, g.problem.q_heads, g.problem.Sq}, device)};
+        return attention_forward(s);
       },
       [](const AttentionSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dy) {
         return attention_backward(s, needs, dy);

@@ -1,20 +1,25 @@
-// dot_product_attention and rope on the GPU against the cpu in double (tests/gpu_reference.hpp), forward and every
-// gradient. Until the GPU has fused attention kernels its attention is the composite of recorded ops, so this checks
-// that the masks, the bias and dropout's draws are the same on both devices; rope runs cuda/rope.cu.
+// dot_product_attention (cuda/attention.cu) and rope (cuda/rope.cu) on the GPU against the cpu in double
+// (tests/gpu_reference.hpp), forward and every gradient: every option, odd lengths and head sizes, the masks, the
+// bias and dropout's draws the same on both devices; memory linear in S, the same bits run after run, and the
+// errors the GPU path adds.
 #include <doctest/doctest.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "gpu_reference.hpp"
+#include "tapegrad/gpu.hpp"
 
 using namespace tapegrad;
 using test::check_against_cpu;
 using test::Tolerance;
 
-// The attention composite is a chain of ops; rope rounds each output once from f32 products.
+// The kernels sum in f32 (f64 for f64) in another order than the cpu and round each result once; rope rounds each
+// output once from f32 products: within the tolerance of a chain of ops.
 template <class T> constexpr Tolerance tolerance = test::chain_tolerance<T>;
 
-// 7 queries and keys, not a multiple of 8; grouped-query heads, a broadcast bias, key padding, a window, dropout.
+// 7 queries and keys, not a multiple of 8; grouped-query heads, a broadcast bias (its gradient summed over the
+// batches and heads it serves), key padding, a window, dropout.
 TEST_CASE_TEMPLATE("dot_product_attention's options on the GPU match the cpu in double", T, TAPEGRAD_GPU_DTYPES) {
   using nn::AttentionLayout;
   const std::vector<nn::AttentionOptions> cases{
@@ -37,6 +42,75 @@ TEST_CASE_TEMPLATE("dot_product_attention_qkv on the GPU matches the cpu in doub
       "dot_product_attention_qkv",
       [](const auto& v) { return nn::dot_product_attention_qkv(v[0], 4, 2, {.causal = true}); },
       {{{2, 9, 8 * 12}}}, tolerance<T>, 4);
+}
+
+struct Case {
+  Shape q, k, v, bias;  // bias: rank 0 for none
+  nn::AttentionOptions options;
+};
+
+// Lengths S = 1, 7, 129, 1000 and head sizes 40, 72, 100 (padded to 16 in the kernels' tiles), tiles of queries and
+// keys cut short, rows that see no key, top-left causal, a full bias, per-batch query and key lengths, bhsd.
+TEST_CASE_TEMPLATE("dot_product_attention's fused kernels at odd lengths and head sizes match the cpu", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  using nn::AttentionLayout;
+  const std::vector<Case> cases{
+      {{2, 2, 1, 40}, {2, 2, 1, 40}, {2, 2, 1, 40}, {}, {.causal = true}},
+      {{1, 4, 129, 72}, {1, 2, 129, 72}, {1, 2, 129, 100}, {}, {.causal = true}},
+      {{1, 2, 70, 100}, {1, 2, 33, 100}, {1, 2, 33, 40}, {1, 2, 70, 33}, {.causal = true}},
+      {{1, 2, 70, 40}, {1, 2, 33, 40}, {1, 2, 33, 40}, {}, {.causal = true, .bottom_right = false}},
+      {{2, 1, 97, 64}, {2, 1, 130, 64}, {2, 1, 130, 64}, {},
+       {.q_lengths = {97, 50}, .kv_lengths = {3, 130}, .dropout = 0.25, .dropout_seed = 8}},
+      {{1, 1000, 2, 72}, {1, 1000, 2, 72}, {1, 1000, 2, 72}, {},
+       {.causal = true, .window_left = 100, .layout = AttentionLayout::bshd}},
+  };
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
+    const Case& k = cases[c];
+    std::vector<test::GpuInput> inputs{{k.q}, {k.k}, {k.v}};
+    if (k.bias.rank() > 0) inputs.push_back({k.bias});
+    check_against_cpu<T>(
+        "dot_product_attention",
+        [&](const auto& v) {
+          using V = std::remove_cvref_t<decltype(v[0])>;
+          return nn::dot_product_attention(v[0], v[1], v[2], k.options, v.size() > 3 ? v[3] : V());
+        },
+        inputs, tolerance<T>, 10 + c);
+  }
+}
+
+TEST_CASE("dot_product_attention on the GPU: the same bits run after run, memory linear in S") {
+  const Device gpu = test::gpu;
+  const std::int64_t S = 4096, D = 64;
+  const Var<bf16> q = param(randn<bf16>({1, 2, S, D}, 1, 0.0, 1.0, gpu)),
+                  k = param(randn<bf16>({1, 2, S, D}, 2, 0.0, 1.0, gpu)),
+                  v = param(randn<bf16>({1, 2, S, D}, 3, 0.0, 1.0, gpu));
+  const Tensor<bf16> dy = randn<bf16>({1, 2, S, D}, 4, 0.0, 1.0, gpu);
+  const auto run = [&] {
+    const Var<bf16> o = nn::dot_product_attention(q, k, v, {.causal = true, .dropout = 0.1, .dropout_seed = 5});
+    backward(o, dy);
+    std::vector<Tensor<bf16>> out{o.value().to(Device::cpu())};
+    for (Var<bf16> x : {q, k, v}) {
+      out.push_back(x.grad().to(Device::cpu()));
+      x.zero_grad();
+    }
+    return out;
+  };
+  const std::vector<Tensor<bf16>> first = run();
+  cuda::reset_peak_memory(0);
+  const std::size_t before = cuda::memory_stats(0).in_use;
+  const std::vector<Tensor<bf16>> second = run();
+  for (std::size_t i = 0; i < first.size(); ++i) CHECK(test::bitwise_equal(first[i], second[i]));
+  // O, its gradient, three gradients and the row statistics: a few S·D; one S × S matrix of f32 would be 128 MiB.
+  CHECK(cuda::memory_stats(0).peak_in_use - before < std::size_t{16} * S * D * 2 * sizeof(float));
+}
+
+TEST_CASE("dot_product_attention on the GPU names a head size its kernels do not take") {
+  const Var<float> x = constant(randn<float>({1, 1, 4, 300}, 1, 0.0, 1.0, test::gpu));
+  CHECK_THROWS_WITH_AS(nn::dot_product_attention(x, x, x),
+                       doctest::Contains("dot_product_attention: head sizes 300 (q, k) and 300 (v) exceed the GPU "
+                                         "kernels' 256"),
+                       Error);
 }
 
 // Rows of odd head size and a partial rotary dimension, heads left unturned, both pairings and layouts.

@@ -223,7 +223,8 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
     Block<C> Q, K, V, dO, P, dS, dK, dV;
     for (std::int64_t task = first_task; task < last_task; ++task) {
       const std::int64_t bk = task / key_blocks, b = bk / p.kv_heads, kvh = bk % p.kv_heads;
-      const std::int64_t j0 = (task % key_blocks) * attention_key_block, width = std::min(attention_key_block, p.Sk - j0);
+      const std::int64_t j0 = (task % key_blocks) * attention_key_block;
+      const std::int64_t width = std::min(attention_key_block, p.Sk - j0);
       load_rows(k, p.k, b, kvh, j0, width, p.D, K);
       load_rows(v, p.v, b, kvh, j0, width, p.Dv, V);
       dK.setZero(width, p.D);
