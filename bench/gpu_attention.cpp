@@ -2,9 +2,8 @@
 // bench/peer_attention.py times for the peers (PyTorch's SDPA with each backend forced, JAX's cudnn and xla
 // implementations) on the same shapes: the recorded forward (as in training) and the forward + backward step, medians
 // of CUDA-event timings, TFLOP/s on bench/attention_step.hpp's count (forward 4·B·Hq·S²·D, the step 3.5× that,
-// causal half), and each mode's peak extra device memory. Where the GPU path is still the composite of recorded ops
-// (docs/attention.md says which), it materializes S × S scores: a case the device cannot hold reports the error on
-// its line and the others still run.
+// causal half), and each mode's peak extra device memory. A case that fails (out of memory, a shape a kernel does not
+// take) reports the error on its line and the others still run.
 #include "attention_step.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
