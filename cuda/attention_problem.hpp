@@ -3,8 +3,9 @@
 // the CUDA ones both compile, so that a mask or a dropout draw is the same on every device.
 //
 // Each of q, k, v, o is a set of rows of D (Dv) contiguous elements: row s of head h of batch b starts at element
-// offset + b·batch + h·head + s·row of its tensor. The layouts ([B, H, S, D], [B, S, H, D], q, k and v packed in
-// one projection) are these strides; the gradients are written with their input's strides.
+// offset + b·batch + h·head + (h / group)·group_skip + s·row of its tensor. The layouts ([B, H, S, D], [B, S, H, D],
+// q, k and v packed in one projection, by blocks or by kv groups) are these strides; the gradients are written with
+// their input's strides.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +17,10 @@ namespace tapegrad::attention {
 
 struct RowStrides {
   std::int64_t offset = 0, batch = 0, head = 0, row = 0;
+  std::int64_t group = 1, group_skip = 0;  // q's heads packed by kv group skip the group's k and v after each group
 
   TAPEGRAD_HOST_DEVICE std::int64_t at(std::int64_t b, std::int64_t h, std::int64_t s) const {
-    return offset + b * batch + h * head + s * row;
+    return offset + b * batch + h * head + (h / group) * group_skip + s * row;
   }
 };
 

@@ -2,7 +2,8 @@
 // compile, and the GPU launcher. Plain C++ (see tensor/gpu/backend.hpp for how ops call it).
 //
 // x is rows of D contiguous features: row (b, h, s) starts at b·batch_stride + h·head_stride + s·row_stride, and the
-// output has the same layout. In a row of one of the first `rotated_heads` heads, pair i < rotary_dim / 2 (features
+// output has the same layout. Heads come in periods of head_period; in a row of one of the first `rotated_heads` of
+// its period, pair i < rotary_dim / 2 (features
 // (i, i + rotary_dim/2), or (2i, 2i+1) when interleaved) turns by the angle (s + position_offset)·base^(-2i/rotary_dim)
 // (by minus that when `inverse`: the backward); every other feature is copied.
 #pragma once
@@ -18,7 +19,7 @@ namespace tapegrad::cuda {
 struct RopeProblem {
   std::int64_t batch = 0, heads = 0, S = 0, D = 0;
   std::int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
-  std::int64_t rotated_heads = 0, rotary_dim = 0, position_offset = 0;
+  std::int64_t head_period = 1, rotated_heads = 0, rotary_dim = 0, position_offset = 0;
   double base = 10000;
   bool interleaved = false, inverse = false;
 
@@ -28,7 +29,7 @@ struct RopeProblem {
   // Slot j of the ceil(D / 2) of a row of head h: the pair it turns (true; its two features in first, second) or the
   // features it copies (false; first, and second when below D).
   TAPEGRAD_HOST_DEVICE bool slot(std::int64_t h, std::int64_t j, std::int64_t& first, std::int64_t& second) const {
-    const std::int64_t rotary = h < rotated_heads ? rotary_dim : 0, half = rotary / 2;
+    const std::int64_t rotary = h % head_period < rotated_heads ? rotary_dim : 0, half = rotary / 2;
     if (j < half) {
       first = interleaved ? 2 * j : j;
       second = interleaved ? 2 * j + 1 : j + half;

@@ -31,6 +31,7 @@ constexpr const char* op_name = "dot_product_attention";
 struct Geometry {
   attention::Problem problem;
   bool packed = false;             // one qkv input
+  QkvPacking packing = QkvPacking::blocks;
   AttentionLayout layout = AttentionLayout::bhsd;
   std::int64_t bias_batches = 0, bias_heads = 0;  // the bias's [Bb, Hb, Sq, Sk]; 0 without one
   Shape out_shape;
@@ -72,7 +73,7 @@ Geometry separate_geometry(const Shape& qs, const Shape& ks, const Shape& vs, At
           .out_shape = Shape(qs.rank() >= 3 ? out : std::vector<std::int64_t>{q.S, v.D})};
 }
 
-Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t kv_heads) {
+Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t kv_heads, QkvPacking packing) {
   check(shape.rank() >= 2, op_name, "qkv ", shape, " should be [..., S, (q_heads + 2·kv_heads)·D]");
   check_heads(q_heads, kv_heads, tapegrad::detail::concat(" of qkv ", shape));
   const std::int64_t S = shape.dim(-2), width = shape.dim(-1), columns = q_heads + 2 * kv_heads;
@@ -83,11 +84,23 @@ Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t 
   lead.resize(lead.size() - 2);
   std::int64_t batch = 1;
   for (std::int64_t d : lead) batch *= d;
-  return {.problem = {.batch = batch, .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
-                      .Dv = D, .q = {0, S * width, D, width}, .k = {q_heads * D, S * width, D, width},
-                      .v = {(q_heads + kv_heads) * D, S * width, D, width}, .o = {0, S * q_heads * D, D, q_heads * D}},
-          .packed = true,
-          .out_shape = Shape(joined(lead, {S, q_heads * D}))};
+  Geometry g{.problem = {.batch = batch, .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
+                         .Dv = D, .o = {0, S * q_heads * D, D, q_heads * D}},
+             .packed = true,
+             .packing = packing,
+             .out_shape = Shape(joined(lead, {S, q_heads * D}))};
+  attention::Problem& p = g.problem;
+  if (packing == QkvPacking::blocks) {
+    p.q = {0, S * width, D, width};
+    p.k = {q_heads * D, S * width, D, width};
+    p.v = {(q_heads + kv_heads) * D, S * width, D, width};
+  } else {  // group g: its G q heads, its k head, its v head
+    const std::int64_t G = q_heads / kv_heads, group_width = (G + 2) * D;
+    p.q = {0, S * width, D, width, G, 2 * D};
+    p.k = {G * D, S * width, group_width, width};
+    p.v = {(G + 1) * D, S * width, group_width, width};
+  }
+  return g;
 }
 
 void apply_options(Geometry& g, const AttentionOptions& o) {
@@ -166,7 +179,16 @@ Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::ve
   const std::int64_t B = p.batch, G = p.q_heads / p.kv_heads;
   const std::vector<int> swap_seq_heads{0, 2, 1, 3};
   Var<T> q, k, v;
-  if (g.packed) {
+  if (g.packed && g.packing == QkvPacking::groups) {
+    // [B, S, kv group, its G q heads | k | v, D]
+    const Var<T> x = reshape(in[0], {B, p.Sq, p.kv_heads, G + 2, p.D});
+    const auto part = [&](std::int64_t first, std::int64_t count) {
+      return permute(reshape(slice(x, 3, first, first + count), {B, p.Sq, p.kv_heads * count, p.D}), swap_seq_heads);
+    };
+    q = part(0, G);
+    k = part(G, 1);
+    v = part(G + 1, 1);
+  } else if (g.packed) {
     const Var<T> x = reshape(in[0], {B, p.Sq, p.q_heads + 2 * p.kv_heads, p.D});
     q = permute(slice(x, 2, 0, p.q_heads), swap_seq_heads);
     k = permute(slice(x, 2, p.q_heads, p.q_heads + p.kv_heads), swap_seq_heads);
@@ -315,7 +337,7 @@ template <class U>
 Var<U> dot_product_attention_qkv(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
                                  const AttentionOptions& options, const Var<U>& bias) {
   const OpScope scope = enter_op(op_name, qkv);
-  return record<U>({qkv, bias}, packed_geometry(qkv.shape(), q_heads, kv_heads), options);
+  return record<U>({qkv, bias}, packed_geometry(qkv.shape(), q_heads, kv_heads, options.packing), options);
 }
 
 #define TAPEGRAD_INSTANTIATE_DOT_PRODUCT_ATTENTION(U)                                                          \

@@ -21,6 +21,12 @@ namespace tapegrad::nn {
 // leading axes are the batch, the same in all three).
 enum class AttentionLayout { bhsd, bshd };
 
+// How dot_product_attention_qkv finds the heads in a row of its packed projection [..., S, (q_heads + 2·kv_heads)·D]:
+// all q heads, then all k heads, then all v heads (TransformerEngine's bs3hd when the head counts are equal); or kv
+// group by group, each group's q heads then its k head then its v head (Megatron-LM's grouped-query layout,
+// TransformerEngine's bsh3d): a contiguous block of groups is a whole set of heads, as tensor parallelism shards them.
+enum class QkvPacking { blocks, groups };
+
 struct AttentionOptions {
   std::optional<double> scale{};  // default 1/√D
   // Query i sees keys up to its diagonal, key i + Sk - Sq (bottom-right aligned, as FlashAttention-2; the lengths
@@ -36,6 +42,7 @@ struct AttentionOptions {
   double dropout = 0;
   std::uint64_t dropout_seed = 0;
   AttentionLayout layout = AttentionLayout::bhsd;  // of q, k, v and the output (dot_product_attention only)
+  QkvPacking packing = QkvPacking::blocks;         // of the projection (dot_product_attention_qkv only)
 };
 
 // q [..., Hq, Sq, D], k [..., Hkv, Sk, D], v [..., Hkv, Sk, Dv] (bhsd; or bshd) -> [..., Hq, Sq, Dv] (the same
@@ -46,9 +53,8 @@ template <class U>
 Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, const AttentionOptions& options = {},
                              const Var<U>& bias = Var<U>());
 
-// q, k and v in one tensor, as a fused projection makes them: qkv [..., S, (q_heads + 2·kv_heads)·D], each row
-// holding the q heads, then the k heads, then the v heads, D apiece -> [..., S, q_heads·D] (the heads merged).
-// options.layout does not apply.
+// q, k and v in one tensor, as a fused projection makes them: qkv [..., S, (q_heads + 2·kv_heads)·D], heads of D
+// packed as options.packing says -> [..., S, q_heads·D] (the heads merged). options.layout does not apply.
 template <class U>
 Var<U> dot_product_attention_qkv(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
                                  const AttentionOptions& options = {}, const Var<U>& bias = Var<U>());

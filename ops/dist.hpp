@@ -19,6 +19,18 @@
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/tensor/dist/communicator.hpp"
 
+namespace tapegrad {
+
+// Tensor parallelism over the ranks of `comm`, for the sharded ops and modules (layernorm_mlp, nn::Dense's parallel
+// modes, the modules built on them): tensor parallel alone keeps activations replicated; sequence_parallel shards
+// them over their first axis (each rank its own rows, all ranks the same count).
+struct TensorParallel {
+  dist::Communicator comm;
+  bool sequence_parallel = false;
+};
+
+}  // namespace tapegrad
+
 namespace tapegrad::dist {
 
 template <class T> Var<T> replicate(const Communicator& comm, const Var<T>& x);

@@ -81,12 +81,15 @@ cuda::RopeProblem rope_problem(const Shape& shape, const RopeOptions& o) {
   const std::int64_t rotary = o.rotary_dim == 0 ? x.D : o.rotary_dim;
   check(rotary > 0 && rotary % 2 == 0 && rotary <= x.D, "rope", "rotary_dim ", rotary, " should be even, positive and ",
         "at most the head size ", x.D, " of x ", shape);
-  check(o.rotated_heads >= -1 && o.rotated_heads <= x.heads, "rope", "rotated_heads ", o.rotated_heads,
-        " should be -1 (all) or in [0, ", x.heads, "] for x ", shape);
+  const std::int64_t period = o.head_period == 0 ? x.heads : o.head_period;
+  check(period > 0 && x.heads % period == 0, "rope", "head_period ", o.head_period, " should divide the ", x.heads,
+        " heads of x ", shape);
+  check(o.rotated_heads >= -1 && o.rotated_heads <= period, "rope", "rotated_heads ", o.rotated_heads,
+        " should be -1 (all) or in [0, ", period, "] for x ", shape);
   check(std::isfinite(o.base) && o.base > 0, "rope", "base must be positive and finite, got ", o.base);
   return {.batch = x.batch, .heads = x.heads, .S = x.S, .D = x.D, .batch_stride = x.batch_stride,
-          .head_stride = x.head_stride, .row_stride = x.row_stride,
-          .rotated_heads = o.rotated_heads < 0 ? x.heads : o.rotated_heads, .rotary_dim = rotary,
+          .head_stride = x.head_stride, .row_stride = x.row_stride, .head_period = period,
+          .rotated_heads = o.rotated_heads < 0 ? period : o.rotated_heads, .rotary_dim = rotary,
           .position_offset = o.position_offset, .base = o.base, .interleaved = o.interleaved};
 }
 

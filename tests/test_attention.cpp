@@ -59,17 +59,27 @@ template <class T> Tensor<T> arranged(const Case& c, const Tensor<T>& t) {
   return permute(constant(t), {0, 2, 1, 3}).value().clone().reshape(Shape(with(c.lead, {S, H, D})));
 }
 
-// q, k, v packed as one projection's rows [..., S, (Hq + 2·Hkv)·D].
+// q, k, v packed as one projection's rows [..., S, (Hq + 2·Hkv)·D]: by blocks (all q heads, all k, all v) or by kv
+// groups (each group's q heads, its k head, its v head).
 template <class T> Tensor<T> packed(const Case& c, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v) {
-  const std::int64_t B = q.dim(0), S = c.Sq, D = c.D, heads = c.Hq + 2 * c.Hkv;
+  const std::int64_t B = q.dim(0), S = c.Sq, D = c.D, heads = c.Hq + 2 * c.Hkv, G = c.Hq / c.Hkv;
   Tensor<T> out(Shape(with(c.lead, {S, heads * D})));
+  // Slot `at` of a row: which tensor and which of its heads.
+  const auto source = [&](std::int64_t at) -> std::pair<const Tensor<T>*, std::int64_t> {
+    if (c.options.packing == nn::QkvPacking::blocks) {
+      if (at < c.Hq) return {&q, at};
+      return at < c.Hq + c.Hkv ? std::pair{&k, at - c.Hq} : std::pair{&v, at - c.Hq - c.Hkv};
+    }
+    const std::int64_t group = at / (G + 2), within = at % (G + 2);
+    if (within < G) return {&q, group * G + within};
+    return within == G ? std::pair{&k, group} : std::pair{&v, group};
+  };
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t s = 0; s < S; ++s) {
       T* row = out.data() + (b * S + s) * heads * D;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const Tensor<T>& src = h < c.Hq ? q : h < c.Hq + c.Hkv ? k : v;
-        const std::int64_t hh = h < c.Hq ? h : h < c.Hq + c.Hkv ? h - c.Hq : h - c.Hq - c.Hkv;
-        for (std::int64_t d = 0; d < D; ++d) row[h * D + d] = src(b, hh, s, d);
+      for (std::int64_t at = 0; at < heads; ++at) {
+        const auto [src, head] = source(at);
+        for (std::int64_t d = 0; d < D; ++d) row[at * D + d] = (*src)(b, head, s, d);
       }
     }
   }
@@ -187,6 +197,8 @@ std::vector<Case> option_cases() {
       {"packed qkv", {2}, 2, 2, 7, 7, 4, 4, {.causal = true}, {}, true},
       {"packed qkv, grouped-query, bias, dropout", {2}, 4, 2, 6, 6, 3, 3,
        {.dropout = 0.2, .dropout_seed = 3}, {1, 4, 6, 6}, true},
+      {"packed qkv by kv groups, grouped-query, causal", {2}, 6, 2, 7, 7, 3, 3,
+       {.causal = true, .packing = nn::QkvPacking::groups}, {}, true},
       {"blocks of keys and queries: S = 129, causal", {1}, 1, 1, 129, 129, 3, 3, {.causal = true}},
       {"S = 1", {2}, 2, 2, 1, 1, 4, 4, {.causal = true}},
   };

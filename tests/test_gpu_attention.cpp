@@ -37,11 +37,15 @@ TEST_CASE_TEMPLATE("dot_product_attention's options on the GPU match the cpu in 
   }
 }
 
-TEST_CASE_TEMPLATE("dot_product_attention_qkv on the GPU matches the cpu in double", T, TAPEGRAD_GPU_DTYPES) {
-  check_against_cpu<T>(
-      "dot_product_attention_qkv",
-      [](const auto& v) { return nn::dot_product_attention_qkv(v[0], 4, 2, {.causal = true}); },
-      {{{2, 9, 8 * 12}}}, tolerance<T>, 4);
+TEST_CASE_TEMPLATE("dot_product_attention_qkv on the GPU matches the cpu in double, packed by blocks or groups", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  for (const nn::QkvPacking packing : {nn::QkvPacking::blocks, nn::QkvPacking::groups}) {
+    CAPTURE(int(packing));
+    check_against_cpu<T>(
+        "dot_product_attention_qkv",
+        [&](const auto& v) { return nn::dot_product_attention_qkv(v[0], 4, 2, {.causal = true, .packing = packing}); },
+        {{{2, 9, 8 * 12}}}, tolerance<T>, 4);
+  }
 }
 
 struct Case {

@@ -36,18 +36,21 @@ Tensor<double> reference_attention(const nn::Module& m, const Tensor<double>& x,
                                           : test::reference_dense(x, parameter_value(m, prefix + "qkv.kernel"),
                                                                   parameter_value(m, prefix + "qkv.bias"));
   const std::int64_t S = x.dim(-2), width = heads * head_dim, batch = x.numel() / (S * x.dim(-1));
-  if (config.rope) {
+  const std::int64_t group = heads / kv_heads;
+  if (config.rope) {  // the q heads and the k head of each kv group turn
     nn::RopeOptions rope = *config.rope;
-    rope.rotated_heads = heads + kv_heads;
+    rope.rotated_heads = group + 1;
+    rope.head_period = group + 2;
     qkv = nn::rope(constant(qkv.reshape({batch, S, columns, head_dim})), rope).value();
   }
   std::vector<std::int64_t> dims = x.shape().to_vector();
   dims.back() = width;
   Tensor<double> attended{Shape(dims)};
-  // Element d of head h (of q, k, or v: part 0, 1, 2) at token s.
+  // Element d of q head h's (part 0), or of its kv head's k (1) or v (2), at token s: the columns run kv group by kv
+  // group, each group's q heads, its k head, its v head.
   auto at = [&](std::int64_t b, std::int64_t s, std::int64_t part, std::int64_t h, std::int64_t d) {
-    const std::int64_t head = part == 0 ? h : heads + (part - 1) * kv_heads + h / (heads / kv_heads);
-    return qkv.flat(((b * S + s) * columns + head) * head_dim + d);
+    const std::int64_t g = h / group, slot = part == 0 ? h % group : group + part - 1;
+    return qkv.flat(((b * S + s) * columns + g * (group + 2) + slot) * head_dim + d);
   };
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t h = 0; h < heads; ++h) {

@@ -24,11 +24,13 @@ Tensor<double> reference(const Tensor<double>& x, const nn::RopeOptions& o) {
   const bool heads_first = o.layout == nn::AttentionLayout::bhsd;
   const std::int64_t B = x.dim(0), S = heads_first ? x.dim(2) : x.dim(1), H = heads_first ? x.dim(1) : x.dim(2),
                      D = x.dim(3);
-  const std::int64_t rotary = o.rotary_dim ? o.rotary_dim : D, turned = o.rotated_heads < 0 ? H : o.rotated_heads;
+  const std::int64_t rotary = o.rotary_dim ? o.rotary_dim : D, period = o.head_period ? o.head_period : H;
+  const std::int64_t turned = o.rotated_heads < 0 ? period : o.rotated_heads;
   Tensor<double> out = x.clone();
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t s = 0; s < S; ++s) {
-      for (std::int64_t h = 0; h < turned; ++h) {
+      for (std::int64_t h = 0; h < H; ++h) {
+        if (h % period >= turned) continue;
         for (std::int64_t i = 0; i < rotary / 2; ++i) {
           const std::int64_t first = o.interleaved ? 2 * i : i, second = o.interleaved ? 2 * i + 1 : i + rotary / 2;
           double& a = heads_first ? out(b, h, s, first) : out(b, s, h, first);
@@ -57,6 +59,7 @@ std::vector<Case> cases() {
       {"interleaved pairs", {2, 7, 3, 8}, {.interleaved = true}},
       {"partial rotary dimension, odd head size", {1, 5, 2, 9}, {.rotary_dim = 4}},
       {"the first heads only (a fused qkv's q and k)", {2, 4, 5, 6}, {.rotated_heads = 3}},
+      {"the first heads of each period (a qkv packed by groups)", {2, 3, 8, 6}, {.rotated_heads = 3, .head_period = 4}},
       {"offset and base", {1, 6, 2, 4}, {.base = 500, .position_offset = 17}},
       {"bhsd", {2, 3, 7, 6}, {.rotary_dim = 4, .layout = nn::AttentionLayout::bhsd}},
   };
@@ -120,6 +123,8 @@ TEST_CASE("rope names what does not fit") {
                        Error);
   CHECK_THROWS_WITH_AS(nn::rope(x, {.rotated_heads = 4}),
                        "rope: rotated_heads 4 should be -1 (all) or in [0, 3] for x [2, 5, 3, 6]", Error);
+  CHECK_THROWS_WITH_AS(nn::rope(x, {.head_period = 2}),
+                       "rope: head_period 2 should divide the 3 heads of x [2, 5, 3, 6]", Error);
   CHECK_THROWS_WITH_AS(nn::rope(constant(randn<float>({5, 6}, 2))),
                        "rope: x [5, 6] should be [..., S, heads, D]", Error);
   CHECK_THROWS_WITH_AS(nn::rope(x, {.base = -1}), "rope: base must be positive and finite, got -1", Error);

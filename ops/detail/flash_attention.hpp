@@ -98,13 +98,14 @@ void block_scores(const attention::Problem& p, const KeyRanges& ranges, const T*
   }
 }
 
-// S ∘ Z in place: dropout's kept entries scaled by 1 / (1 - dropout), the others zero.
+// Dropout's factors Z of a block of `like`'s size: 1 / (1 - dropout) where a probability is kept, 0 elsewhere.
 template <class C>
-void apply_dropout(const attention::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t j0,
-                   Block<C>& S) {
+void dropout_factors(const attention::Problem& p, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t j0,
+                     const Block<C>& like, Block<C>& Z) {
   const C keep_scale = static_cast<C>(1.0 / (1.0 - p.dropout));
-  for (std::int64_t r = 0; r < S.rows(); ++r) {
-    for (std::int64_t c = 0; c < S.cols(); ++c) S(r, c) = p.kept(b, h, i0 + r, j0 + c) ? S(r, c) * keep_scale : C(0);
+  Z.resize(like.rows(), like.cols());
+  for (std::int64_t r = 0; r < Z.rows(); ++r) {
+    for (std::int64_t c = 0; c < Z.cols(); ++c) Z(r, c) = p.kept(b, h, i0 + r, j0 + c) ? keep_scale : C(0);
   }
 }
 
@@ -117,7 +118,7 @@ void attention_forward(const attention::Problem& p, const T* q, const T* k, cons
   const std::int64_t query_blocks = (p.Sq + attention_query_block - 1) / attention_query_block;
   parallel_for(p.batch * p.q_heads * query_blocks, attention_query_block * p.Sk * (p.D + p.Dv),
                [&](std::int64_t first_task, std::int64_t last_task) {
-    Block<C> Q, K, V, S, acc;
+    Block<C> Q, K, V, S, Z, acc;
     Column<C> m, l;
     for (std::int64_t task = first_task; task < last_task; ++task) {
       const std::int64_t bh = task / query_blocks, b = bh / p.q_heads, h = bh % p.q_heads, kvh = p.kv_head(h);
@@ -149,7 +150,10 @@ void attention_forward(const attention::Problem& p, const T* q, const T* k, cons
           }
           m[r] = new_max;
         }
-        if (p.dropout > 0) apply_dropout(p, b, h, i0, j0, S);
+        if (p.dropout > 0) {
+          dropout_factors(p, b, h, i0, j0, S, Z);
+          S.array() *= Z.array();
+        }
         acc.noalias() += S * V;
       }
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -171,9 +175,11 @@ template <class T> struct AttentionBackwardArgs {
   const C* log_sums;
   std::vector<C> delta;  // rowsum(dO∘O) per [batch, q_heads, Sq]
 
-  // P (dropout applied: P∘Z) and dS of queries [i0, i0 + Q.rows()) of head (b, h) against keys [j0, j0 + K.rows()).
+  // P (dropout applied: P∘Z) and dS of queries [i0, i0 + Q.rows()) of head (b, h) against keys [j0, j0 + K.rows());
+  // Z: the block's dropout factors (with dropout).
   void probabilities(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t j0, const Block<C>& Q,
-                     const Block<C>& K, const Block<C>& V, const Block<C>& dO, Block<C>& P, Block<C>& dS) const {
+                     const Block<C>& K, const Block<C>& V, const Block<C>& dO, Block<C>& P, Block<C>& dS,
+                     Block<C>& Z) const {
     block_scores(p, ranges, bias, b, h, i0, j0, Q, K, P);
     const std::int64_t row0 = (b * p.q_heads + h) * p.Sq + i0;
     for (std::int64_t r = 0; r < P.rows(); ++r) {
@@ -186,12 +192,11 @@ template <class T> struct AttentionBackwardArgs {
     }
     dS.noalias() = dO * V.transpose();  // dP, of the dropped probabilities
     if (p.dropout > 0) {
-      apply_dropout(p, b, h, i0, j0, dS);
-      for (std::int64_t r = 0; r < P.rows(); ++r) dS.row(r) = P.row(r).array() * (dS.row(r).array() - delta[row0 + r]);
-      apply_dropout(p, b, h, i0, j0, P);
-    } else {
-      for (std::int64_t r = 0; r < P.rows(); ++r) dS.row(r) = P.row(r).array() * (dS.row(r).array() - delta[row0 + r]);
+      dropout_factors(p, b, h, i0, j0, P, Z);
+      dS.array() *= Z.array();
     }
+    for (std::int64_t r = 0; r < P.rows(); ++r) dS.row(r) = P.row(r).array() * (dS.row(r).array() - delta[row0 + r]);
+    if (p.dropout > 0) P.array() *= Z.array();
   }
 };
 
@@ -220,7 +225,7 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
   const std::int64_t key_blocks = (p.Sk + attention_key_block - 1) / attention_key_block;
   parallel_for(p.batch * p.kv_heads * key_blocks, group * p.Sq * attention_key_block * (2 * p.D + 3 * p.Dv),
                [&](std::int64_t first_task, std::int64_t last_task) {
-    Block<C> Q, K, V, dO, P, dS, dK, dV;
+    Block<C> Q, K, V, dO, P, dS, Z, dK, dV;
     for (std::int64_t task = first_task; task < last_task; ++task) {
       const std::int64_t bk = task / key_blocks, b = bk / p.kv_heads, kvh = bk % p.kv_heads;
       const std::int64_t j0 = (task % key_blocks) * attention_key_block;
@@ -237,7 +242,7 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
           if (first >= j0 + width || last <= j0) continue;  // no query of the block sees these keys
           load_rows(q, p.q, b, h, i0, rows, p.D, Q);
           load_rows(dout, p.o, b, h, i0, rows, p.Dv, dO);
-          a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS);
+          a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS, Z);
           dV.noalias() += P.transpose() * dO;
           dK.noalias() += dS.transpose() * Q;
         }
@@ -255,7 +260,7 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
   const std::int64_t served = (p.batch / bias_batches) * (p.q_heads / bias_heads);
   parallel_for(bias_batches * bias_heads * query_blocks, served * attention_query_block * p.Sk * (2 * p.D + 2 * p.Dv),
                [&](std::int64_t first_task, std::int64_t last_task) {
-    Block<C> Q, K, V, dO, P, dS, dQ, dB;
+    Block<C> Q, K, V, dO, P, dS, Z, dQ, dB;
     for (std::int64_t task = first_task; task < last_task; ++task) {
       const std::int64_t g = task / query_blocks, gb = g / bias_heads, gh = g % bias_heads;
       const std::int64_t i0 = (task % query_blocks) * attention_query_block,
@@ -272,7 +277,7 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
             const std::int64_t width = std::min(attention_key_block, last - j0);
             load_rows(k, p.k, b, p.kv_head(h), j0, width, p.D, K);
             load_rows(v, p.v, b, p.kv_head(h), j0, width, p.Dv, V);
-            a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS);
+            a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS, Z);
             dQ.noalias() += dS * K;
             if (dbias) dB.middleCols(j0, width) += dS;
           }

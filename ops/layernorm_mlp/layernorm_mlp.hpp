@@ -17,7 +17,7 @@
 
 #include "tapegrad/autodiff/var.hpp"
 #include "tapegrad/ops/fp8/recipe.hpp"
-#include "tapegrad/tensor/dist/communicator.hpp"
+#include "tapegrad/ops/dist.hpp"
 
 namespace tapegrad {
 
@@ -72,11 +72,7 @@ struct ClampedSwigluParams {
 //                       reduce-scattered, dγ and dβ all-reduced.
 // Gradients: the shards' own (dW1, db1, dW2); the replicated parameters' whole (dγ, dβ, db2: the same on every rank,
 // as the unsharded node's); dx replicated (tensor parallel) or this rank's rows (sequence parallel). Every rank runs
-// the node (and its backward) together, as a collective.
-struct TensorParallel {
-  dist::Communicator comm;
-  bool sequence_parallel = false;
-};
+// the node (and its backward) together, as a collective. (TensorParallel: ops/dist.hpp.)
 
 struct LayerNormMLPOptions {
   NormType norm = NormType::layernorm;

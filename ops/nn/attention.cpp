@@ -1,5 +1,7 @@
 #include "tapegrad/ops/nn/attention.hpp"
 
+#include <string>
+
 #include "tapegrad/ops/layout.hpp"
 
 namespace tapegrad::nn {
@@ -19,34 +21,56 @@ MultiHeadAttentionConfig resolve_attention(std::int64_t hidden, MultiHeadAttenti
   if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
   check(config.num_kv_heads > 0 && config.num_heads % config.num_kv_heads == 0, "MultiHeadAttention",
         "num_kv_heads ", config.num_kv_heads, " must divide num_heads ", config.num_heads);
+  if (config.tensor_parallel) {
+    const int ranks = config.tensor_parallel->comm.size();
+    check(config.num_kv_heads % ranks == 0, "MultiHeadAttention", "tensor parallelism over ", ranks,
+          " ranks needs whole kv groups on each: num_kv_heads ", config.num_kv_heads, " is not a multiple");
+  }
   return config;
 }
 
-DenseConfig qkv_config(const MultiHeadAttentionConfig& config) {
-  return {.features = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim,
+namespace {
+// A projection of `features` outputs with the config's bias, initializers, fp8 and tensor-parallel mode.
+DenseConfig projection(const MultiHeadAttentionConfig& config, std::int64_t features, DenseConfig::Parallel mode) {
+  return {.features = features,
           .use_bias = config.use_bias,
           .kernel_init = config.kernel_init,
           .bias_init = config.bias_init,
-          .fp8 = config.fp8};
+          .fp8 = config.fp8,
+          .tensor_parallel = config.tensor_parallel,
+          .parallel = mode};
+}
+}  // namespace
+
+DenseConfig qkv_config(const MultiHeadAttentionConfig& config) {
+  return projection(config, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim,
+                    DenseConfig::Parallel::column);
 }
 
 DenseConfig out_config(std::int64_t hidden, const MultiHeadAttentionConfig& config) {
-  return {.features = hidden, .use_bias = config.use_bias, .kernel_init = config.kernel_init,
-          .bias_init = config.bias_init, .fp8 = config.fp8};
+  return projection(config, hidden, DenseConfig::Parallel::row);
 }
 
 template <class U>
 Var<U> attend_heads(const Var<U>& qkv, const MultiHeadAttentionConfig& config, const AttentionCall& call) {
-  const std::int64_t heads = config.num_heads, kv_heads = config.num_kv_heads, D = config.head_dim;
+  const int ranks = config.tensor_parallel ? config.tensor_parallel->comm.size() : 1;
+  const std::int64_t heads = config.num_heads / ranks, kv_heads = config.num_kv_heads / ranks, D = config.head_dim;
+  const std::int64_t group = heads / kv_heads;
+  std::uint64_t dropout_seed = call.dropout_seed.value_or(0);
+  if (config.tensor_parallel) {  // each rank draws for its own heads, from a seed of its own
+    dropout_seed = derive_seed(dropout_seed, "rank" + std::to_string(config.tensor_parallel->comm.rank()));
+  }
   Var<U> rows = qkv;
   if (config.rope) {
-    // The projection's rows seen as [..., S, heads + 2·kv_heads, D] (a view): q's and k's heads turn, v's are copied.
+    // The projection's rows seen as [..., S, heads + 2·kv_heads, D] (a view), kv group by kv group: in each group
+    // the q heads and the k head turn, the v head is copied.
     std::vector<std::int64_t> dims = qkv.shape().to_vector();
     dims.back() = heads + 2 * kv_heads;
     dims.push_back(D);
     RopeOptions rope = *config.rope;
     rope.layout = AttentionLayout::bshd;
-    rope.rotated_heads = heads + kv_heads;
+    rope.rotated_heads = group + 1;
+    rope.head_period = group + 2;
     rope.position_offset += call.position_offset;
     rows = reshape(nn::rope(reshape(qkv, dims), rope), qkv.shape().to_vector());
   }
@@ -57,7 +81,8 @@ Var<U> attend_heads(const Var<U>& qkv, const MultiHeadAttentionConfig& config, c
                                     .q_lengths = call.lengths,
                                     .kv_lengths = call.lengths,
                                     .dropout = call.dropout_seed ? config.dropout : 0.0,
-                                    .dropout_seed = call.dropout_seed.value_or(0)});
+                                    .dropout_seed = dropout_seed,
+                                    .packing = QkvPacking::groups});
 }
 
 }  // namespace detail

@@ -1,8 +1,9 @@
 // nn::MultiHeadAttention: self-attention over x [..., S, H] -> [..., S, H], the attention one fused node
 // (nn::dot_product_attention_qkv). Children:
 //   qkv  LayerNormDense (the input's norm, then the projection), or a Dense without `input_norm` (post-norm layers):
-//        kernel [H, (heads + 2·kv_heads)·head_dim] whose columns are the q heads, then the k heads, then the v heads,
-//        so one GEMM makes all three and the attention reads them in place;
+//        kernel [H, (heads + 2·kv_heads)·head_dim] whose columns run kv group by kv group, each group's q heads, then
+//        its k head, then its v head (Megatron-LM's layout: a block of whole groups is what a tensor-parallel rank
+//        holds), so one GEMM makes all three and the attention reads them in place;
 //   out  Dense: [heads·head_dim, H], the projection of the merged heads back to H.
 // Each head attends with softmax(q·kᵀ/√head_dim)·v; `causal` keeps query i from attending to keys j > i; with
 // fewer kv heads (grouped-query attention) a kv head serves heads / kv_heads q heads; `rope` turns q and k first.
@@ -31,13 +32,18 @@ struct MultiHeadAttentionConfig {
   bool causal = false;
   std::int64_t window_left = -1, window_right = -1;  // a sliding window (dot_product_attention's)
   double dropout = 0;                 // on the probabilities, in calls that pass a dropout seed
-  std::optional<RopeOptions> rope{};  // rotary embeddings of q and k (the module sets layout and rotated_heads)
+  std::optional<RopeOptions> rope{};  // rotary embeddings of q and k (the module sets layout and which heads turn)
   bool input_norm = true;             // false: the qkv projection is a Dense of x itself
   bool use_bias = true;               // biases of the qkv and out projections
   LayerNormConfig norm{};             // the input's norm
   Initializer kernel_init = Initializer::lecun_normal();
   Initializer bias_init = Initializer::zeros();
   std::optional<fp8::Recipe> fp8{};   // the two projections' products
+  // Each rank holds whole kv groups (kv_heads / ranks of them, with their q heads): the qkv projection column-parallel,
+  // the out projection row-parallel (nn::Dense's modes); x and the output replicated, or sharded over their first
+  // axis with sequence_parallel (attention then sees the whole batch: `AttentionCall::lengths` are the whole
+  // batch's). Dropout draws per rank (its seed derived from the rank), not a single process's mask.
+  std::optional<TensorParallel> tensor_parallel{};
 };
 
 // What may change from call to call.
@@ -52,7 +58,8 @@ namespace detail {
 MultiHeadAttentionConfig resolve_attention(std::int64_t hidden, MultiHeadAttentionConfig config);
 DenseConfig qkv_config(const MultiHeadAttentionConfig& config);
 DenseConfig out_config(std::int64_t hidden, const MultiHeadAttentionConfig& config);
-// qkv [..., S, (heads + 2·kv_heads)·head_dim] -> every head's attention, heads merged: [..., S, heads·head_dim].
+// qkv [..., S, (heads + 2·kv_heads)·head_dim] -> every head's attention, heads merged: [..., S, heads·head_dim]
+// (with tensor parallelism: this rank's heads).
 template <class U>
 Var<U> attend_heads(const Var<U>& qkv, const MultiHeadAttentionConfig& config, const AttentionCall& call);
 }  // namespace detail

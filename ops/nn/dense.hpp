@@ -6,6 +6,14 @@
 //
 // With an fp8 recipe (`.fp8 = fp8::DelayedScaling{}`) the projection is fp8_dense (ops/fp8/dense.hpp): its products
 // read FP8 values, the kernel quantized from P itself; the module owns delayed scaling's state.
+//
+// With `.tensor_parallel` each rank holds a shard of the kernel (Megatron-LM's parallel linear layers,
+// TransformerEngine's parallel_mode) and the module runs the collectives of ops/dist.hpp around its product:
+//   column: kernel [in, F/p] and bias [F/p]; x replicated (all-gathered over its first axis with sequence_parallel),
+//           the output this rank's F/p features.
+//   row:    kernel [in/p, F], bias replicated; x this rank's in/p features; the partial products all-reduced
+//           (reduce-scattered over the first axis with sequence_parallel), then the bias added.
+// Every rank calls the module together; gradients are the shard's own and the replicated parameters' whole.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +22,7 @@
 #include <vector>
 
 #include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/dist.hpp"
 #include "tapegrad/ops/fp8/dense.hpp"
 #include "tapegrad/ops/nn/detail/fp8_module.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
@@ -30,6 +39,8 @@ struct DenseConfig {
   // With fp8: keep the kernel's fp8 copy from forward to forward (micro-batches, ops/fp8/weight_cache.hpp) until
   // the module's parameters_changed().
   bool fp8_weight_cache = false;
+  std::optional<TensorParallel> tensor_parallel{};  // none: one process holds the whole projection
+  enum class Parallel { column, row } parallel = Parallel::column;
 };
 
 // x [..., in] · kernel [in, F] (+ bias [F] when defined), in U.
@@ -40,21 +51,50 @@ namespace detail {
 template <class P> struct DenseParameters {
   Var<P> kernel, bias;  // bias undefined without use_bias
   std::optional<Fp8Quantization> fp8;
+  std::optional<TensorParallel> parallel;
+  DenseConfig::Parallel mode;
 
-  DenseParameters(Module& owner, std::int64_t in, const DenseConfig& config, std::uint64_t seed) {
+  DenseParameters(Module& owner, std::int64_t in, const DenseConfig& config, std::uint64_t seed)
+      : parallel(config.tensor_parallel), mode(config.parallel) {
     check(in > 0 && config.features > 0, owner.type_name(), "input size and features must be positive, got ", in,
           " and ", config.features);
-    owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed);
-    if (config.use_bias) owner.init_parameter("bias", bias, config.bias_init, {config.features}, seed);
+    check(!(parallel && config.fp8), owner.type_name(), "fp8 with tensor_parallel is not supported yet");
+    const bool column = mode == DenseConfig::Parallel::column;
+    owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed, {},
+                         shard_along(owner, column ? 1 : 0, column ? config.features : in));
+    if (config.use_bias) {
+      owner.init_parameter("bias", bias, config.bias_init, {config.features}, seed, {},
+                           column ? shard_along(owner, 0, config.features) : std::nullopt);
+    }
     fp8 = module_fp8(config.fp8, config.fp8_weight_cache);
   }
   // x is already in the compute dtype U; the parameters are rounded to it (with fp8: the kernel quantized from P).
   template <class U> Var<U> apply(const Var<U>& x) const {
     if (fp8) return fp8_dense(x, kernel, bias, *fp8);
-    return dense(x, cast<U>(kernel), bias.defined() ? cast<U>(bias) : Var<U>());
+    const Var<U> b = bias.defined() ? cast<U>(bias) : Var<U>();
+    if (!parallel) return dense(x, cast<U>(kernel), b);
+    const dist::Communicator& comm = parallel->comm;
+    const bool sequence = parallel->sequence_parallel;
+    if (mode == DenseConfig::Parallel::column) {
+      return dense(sequence ? dist::all_gather(comm, x) : dist::replicate(comm, x), cast<U>(kernel), b);
+    }
+    const Var<U> partial = dense(x, cast<U>(kernel), Var<U>());
+    const Var<U> summed = sequence ? dist::reduce_scatter(comm, partial) : dist::all_reduce(comm, partial);
+    if (!b.defined()) return summed;
+    return summed + (sequence ? dist::replicate(comm, b) : b);  // rows of this rank only: the bias's gradient summed
   }
   const fp8::ScalingState* fp8_state() const { return fp8 ? fp8->state.get() : nullptr; }
+  // The input size the module takes (a row-parallel shard's).
   std::int64_t in() const { return kernel.shape()[0]; }
+
+ private:
+  std::optional<ParameterShard> shard_along(const Module& owner, int axis, std::int64_t size) const {
+    if (!parallel) return std::nullopt;
+    const int ranks = parallel->comm.size();
+    check(size % ranks == 0, owner.type_name(), "a ", mode == DenseConfig::Parallel::column ? "column" : "row",
+          "-parallel projection splits ", size, " over ", ranks, " ranks: not a multiple");
+    return ParameterShard{axis, parallel->comm.rank(), ranks};
+  }
 };
 }  // namespace detail
 

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "tapegrad/ops/cast.hpp"
+#include "tapegrad/ops/dist.hpp"
 #include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 #include "tapegrad/ops/nn/dtypes.hpp"
 #include "tapegrad/ops/nn/module.hpp"
@@ -52,9 +53,16 @@ template <class P> struct NormParameters {
       owner.init_parameter("ln_bias", ln_bias, config.ln_bias_init, {hidden}, seed);
     }
   }
-  // x is already in the compute dtype U; the parameters are rounded to it.
-  template <class U> Var<U> apply(const Var<U>& x, const LayerNormConfig& config) const {
-    return normalize(x, cast<U>(scale), ln_bias.defined() ? cast<U>(ln_bias) : Var<U>(), config);
+  // x is already in the compute dtype U; the parameters are rounded to it. With `rows_shared_over` (x this rank's
+  // rows of a sequence-parallel group), the parameters' gradients are summed over its ranks (dist::replicate).
+  template <class U>
+  Var<U> apply(const Var<U>& x, const LayerNormConfig& config,
+               const dist::Communicator* rows_shared_over = nullptr) const {
+    const auto used = [&](const Var<P>& parameter) {
+      const Var<U> value = cast<U>(parameter);
+      return rows_shared_over ? dist::replicate(*rows_shared_over, value) : value;
+    };
+    return normalize(x, used(scale), ln_bias.defined() ? used(ln_bias) : Var<U>(), config);
   }
   std::int64_t hidden() const { return scale.shape()[0]; }
 };

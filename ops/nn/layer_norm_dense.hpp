@@ -29,7 +29,10 @@ class LayerNormDense : public Module {
       : Module("LayerNormDense", device),
         config_(std::move(config)),
         norm_(*this, in_features, config_.norm, seed),
-        dense_(*this, in_features, config_.dense, seed) {}
+        dense_(*this, in_features, config_.dense, seed) {
+    check(!config_.dense.tensor_parallel || config_.dense.parallel == DenseConfig::Parallel::column, type_name(),
+          "a row-parallel projection would normalize a shard of the features: use column");
+  }
 
   // x [..., in] in any dtype -> [..., features] in the compute dtype.
   template <class T> Var<compute_of<C, T>> operator()(const Var<T>& x) const {
@@ -56,7 +59,10 @@ class LayerNormDense : public Module {
  private:
   template <class T> LayerNormOutputs<compute_of<C, T>> forward(const Var<T>& x) const {
     check_input(x.shape(), norm_.hidden());
-    const Var<compute_of<C, T>> h = norm_.apply(cast<compute_of<C, T>>(x), config_.norm);
+    const auto& parallel = config_.dense.tensor_parallel;
+    const bool rows_shared = parallel && parallel->sequence_parallel;
+    const Var<compute_of<C, T>> h =
+        norm_.apply(cast<compute_of<C, T>>(x), config_.norm, rows_shared ? &parallel->comm : nullptr);
     return {dense_.apply(h), h};
   }
 

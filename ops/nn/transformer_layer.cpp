@@ -16,11 +16,14 @@ MultiHeadAttentionConfig attention_config(const TransformerLayerConfig& config) 
           .norm = config.norm,
           .kernel_init = config.kernel_init,
           .bias_init = config.bias_init,
-          .fp8 = config.fp8};
+          .fp8 = config.fp8,
+          .tensor_parallel = config.tensor_parallel};
 }
 
 LayerNormMLPConfig mlp_config(const TransformerLayerConfig& config) {
   check(config.ffn_dim > 0, "TransformerLayer", "ffn_dim must be positive, got ", config.ffn_dim);
+  check(!(config.output_norm && config.tensor_parallel && config.tensor_parallel->sequence_parallel),
+        "TransformerLayer", "output_norm with sequence_parallel is not supported yet");
   return {.intermediate_dim = config.ffn_dim,
           .activation = config.activation,
           .norm = config.norm,
@@ -28,7 +31,8 @@ LayerNormMLPConfig mlp_config(const TransformerLayerConfig& config) {
           .kernel_init = config.kernel_init,
           .bias_init = config.bias_init,
           .recompute = config.recompute,
-          .fp8 = config.fp8};
+          .fp8 = config.fp8,
+          .tensor_parallel = config.tensor_parallel};
 }
 
 }  // namespace tapegrad::nn::detail

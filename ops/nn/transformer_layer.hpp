@@ -37,6 +37,9 @@ struct TransformerLayerConfig {
   Initializer bias_init = Initializer::zeros();
   Recompute recompute = Recompute::save_all;  // what the MLP node keeps for its backward
   std::optional<fp8::Recipe> fp8{};           // the dense parts: qkv, out and the MLP's two GEMMs
+  // The attention's and the MLP's (MultiHeadAttentionConfig, LayerNormMLPConfig): x and the output replicated, or
+  // sharded over their first axis with sequence_parallel (not with output_norm yet).
+  std::optional<TensorParallel> tensor_parallel{};
 };
 
 namespace detail {
