@@ -13,14 +13,6 @@ template <class S> __global__ void fill_kernel(S* data, std::int64_t n, S value)
   }
 }
 
-template <class S>
-__global__ void fill_triangular_kernel(S* data, std::int64_t rows, std::int64_t cols, S lower, S upper) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    data[i] = i % cols <= i / cols ? lower : upper;
-  }
-}
-
 // The value rounded to S on the host: every element gets the same bits.
 template <class S> S rounded(double value) {
   if constexpr (std::is_same_v<S, __nv_bfloat16>) {
@@ -42,19 +34,6 @@ void fill(DType dtype, void* data, std::int64_t n, double value, int device) {
     constexpr int threads = 256;
     fill_kernel<S><<<launch.blocks_for(n, threads), threads, 0, launch.stream()>>>(static_cast<S*>(data), n,
                                                                                     rounded<S>(value));
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
-  });
-}
-
-void fill_triangular(DType dtype, void* data, std::int64_t rows, std::int64_t cols, double lower, double upper,
-                     int device) {
-  if (rows * cols == 0) return;
-  Launch launch(device);
-  dispatch_float(dtype, "fill_triangular", [&](auto tag) {
-    using S = decltype(tag);
-    constexpr int threads = 256;
-    fill_triangular_kernel<S><<<launch.blocks_for(rows * cols, threads), threads, 0, launch.stream()>>>(
-        static_cast<S*>(data), rows, cols, rounded<S>(lower), rounded<S>(upper));
     TAPEGRAD_CUDA_CHECK_LAUNCH();
   });
 }
