@@ -33,7 +33,6 @@ struct Geometry {
   bool packed = false;             // one qkv input
   QkvPacking packing = QkvPacking::blocks;
   AttentionLayout layout = AttentionLayout::bhsd;
-  std::int64_t bias_batches = 0, bias_heads = 0;  // the bias's [Bb, Hb, Sq, Sk]; 0 without one
   Shape out_shape;
 };
 
@@ -84,23 +83,20 @@ Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t 
   lead.resize(lead.size() - 2);
   std::int64_t batch = 1;
   for (std::int64_t d : lead) batch *= d;
-  Geometry g{.problem = {.batch = batch, .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D,
-                         .Dv = D, .o = {0, S * q_heads * D, D, q_heads * D}},
-             .packed = true,
-             .packing = packing,
-             .out_shape = Shape(joined(lead, {S, q_heads * D}))};
-  attention::Problem& p = g.problem;
-  if (packing == QkvPacking::blocks) {
-    p.q = {0, S * width, D, width};
-    p.k = {q_heads * D, S * width, D, width};
-    p.v = {(q_heads + kv_heads) * D, S * width, D, width};
-  } else {  // group g: its G q heads, its k head, its v head
-    const std::int64_t G = q_heads / kv_heads, group_width = (G + 2) * D;
-    p.q = {0, S * width, D, width, G, 2 * D};
-    p.k = {G * D, S * width, group_width, width};
-    p.v = {(G + 1) * D, S * width, group_width, width};
-  }
-  return g;
+  // Blocks: all q heads, all k heads, all v heads. Groups: kv group by kv group, its G q heads, its k, its v.
+  const std::int64_t G = q_heads / kv_heads, group_width = (G + 2) * D;
+  const bool blocks = packing == QkvPacking::blocks;
+  const attention::RowStrides q = blocks ? attention::RowStrides{0, S * width, D, width}
+                                         : attention::RowStrides{0, S * width, D, width, G, 2 * D};
+  const attention::RowStrides k = blocks ? attention::RowStrides{q_heads * D, S * width, D, width}
+                                         : attention::RowStrides{G * D, S * width, group_width, width};
+  const attention::RowStrides v = blocks ? attention::RowStrides{(q_heads + kv_heads) * D, S * width, D, width}
+                                         : attention::RowStrides{(G + 1) * D, S * width, group_width, width};
+  return {.problem = {.batch = batch, .q_heads = q_heads, .kv_heads = kv_heads, .Sq = S, .Sk = S, .D = D, .Dv = D,
+                      .q = q, .k = k, .v = v, .o = {0, S * q_heads * D, D, q_heads * D}},
+          .packed = true,
+          .packing = packing,
+          .out_shape = Shape(joined(lead, {S, q_heads * D}))};
 }
 
 void apply_options(Geometry& g, const AttentionOptions& o) {
@@ -137,11 +133,17 @@ void apply_bias(Geometry& g, const Shape& bias) {
             (Hb == 1 || Hb == p.q_heads),
         op_name, "bias ", bias, " should be [", p.Sq, ", ", p.Sk, "] or [", p.batch, " or 1, ", p.q_heads, " or 1, ",
         p.Sq, ", ", p.Sk, "]");
-  g.bias_batches = Bb;
-  g.bias_heads = Hb;
   p.has_bias = true;
   p.bias_batch = Bb == 1 ? 0 : Hb * p.Sq * p.Sk;
   p.bias_head = Hb == 1 ? 0 : p.Sq * p.Sk;
+}
+
+// p with its length pointers at these host vectors (null where one is empty).
+attention::Problem with_host_lengths(attention::Problem p, const std::vector<std::int64_t>& q_lengths,
+                                     const std::vector<std::int64_t>& kv_lengths) {
+  p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
+  p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+  return p;
 }
 
 // The mask and the weights the composite multiplies the probabilities by, on the host: mask [B, 1, Sq, Sk] is 0
@@ -173,9 +175,7 @@ template <class T>
 Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::vector<std::int64_t>& q_lengths,
                  const std::vector<std::int64_t>& kv_lengths) {
   using V = tapegrad::detail::Unfused<T>;
-  attention::Problem p = g.problem;
-  p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
-  p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+  const attention::Problem p = with_host_lengths(g.problem, q_lengths, kv_lengths);
   const std::int64_t B = p.batch, G = p.q_heads / p.kv_heads;
   const std::vector<int> swap_seq_heads{0, 2, 1, 3};
   Var<T> q, k, v;
@@ -207,7 +207,10 @@ Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::ve
                                        transpose(reshape(k, {B, p.kv_heads, 1, p.Sk, p.D}))),
                                 {B, p.q_heads, p.Sq, p.Sk});
   V logits = V{scores} * p.scale;
-  if (p.has_bias) logits = logits + V{reshape(in.back(), {g.bias_batches, g.bias_heads, p.Sq, p.Sk})};
+  if (p.has_bias) {  // [Bb, Hb, Sq, Sk]: an axis of stride 0 is one the bias broadcasts along
+    const std::int64_t Bb = p.bias_batch ? p.batch : 1, Hb = p.bias_head ? p.q_heads : 1;
+    logits = logits + V{reshape(in.back(), {Bb, Hb, p.Sq, p.Sk})};
+  }
   const auto [mask, weights] = composite_masks<T>(p);
   const Device device = in[0].device();
   logits = logits + V{constant(mask.to(device))};
@@ -219,9 +222,10 @@ Var<T> composite(const std::vector<Var<T>>& in, const Geometry& g, const std::ve
   return reshape(heads_first ? out : permute(out, swap_seq_heads), g.out_shape.to_vector());
 }
 
-// The per-batch lengths on `device` (undefined when empty), for the kernels' problem.
+// The per-batch lengths copied to a GPU for its kernels; undefined on the cpu (whose kernels read the host vectors)
+// and when empty.
 Tensor<std::int64_t> lengths_on(const std::vector<std::int64_t>& lengths, Device device) {
-  if (lengths.empty()) return {};
+  if (lengths.empty() || device.is_cpu()) return {};
   return from_vector<std::int64_t>(lengths, {static_cast<std::int64_t>(lengths.size())}).to(device);
 }
 
@@ -229,16 +233,16 @@ Tensor<std::int64_t> lengths_on(const std::vector<std::int64_t>& lengths, Device
 template <class T> struct AttentionSaved {
   using C = compute_t<T>;
   Geometry geometry;
-  std::vector<std::int64_t> q_lengths, kv_lengths;       // on the host, for the composite
-  Tensor<std::int64_t> q_lengths_here, kv_lengths_here;  // on the inputs' device, for the kernels
+  std::vector<std::int64_t> q_lengths, kv_lengths;       // on the host: the cpu kernels' and the composite's
+  Tensor<std::int64_t> q_lengths_gpu, kv_lengths_gpu;    // copies for the GPU kernels (lengths_on)
   std::vector<Tensor<T>> inputs;                         // q, k, v (or qkv), then the bias
   Tensor<T> o;
   Tensor<C> log_sums;  // [batch, q_heads, Sq]
 
   attention::Problem problem() const {
-    attention::Problem p = geometry.problem;
-    p.q_lengths = q_lengths_here.defined() ? q_lengths_here.data() : nullptr;
-    p.kv_lengths = kv_lengths_here.defined() ? kv_lengths_here.data() : nullptr;
+    attention::Problem p = with_host_lengths(geometry.problem, q_lengths, kv_lengths);
+    if (q_lengths_gpu.defined()) p.q_lengths = q_lengths_gpu.data();
+    if (kv_lengths_gpu.defined()) p.kv_lengths = kv_lengths_gpu.data();
     return p;
   }
   std::size_t operands() const { return geometry.packed ? 1 : 3; }
