@@ -29,10 +29,27 @@ template <class T> Tensor<double> block_of_grad(const Var<T>& v, int axis, int r
 }
 template <class T> Tensor<double> on_cpu(const Tensor<T>& t) { return cast<double>(t.to(Device::cpu())); }
 
-template <class T> void check_sharded_node(const dist::Communicator& world, const Case& c, bool sequence,
-                                           std::uint64_t seed, Device device, test::Tolerance tol) {
+// The quantizations a run of the sharded and the unsharded node used (fp8: each its own, fresh; none without).
+struct ShardedRun {
+  std::optional<Fp8Quantization> whole, shard;
+};
+
+// A fresh quantization of q's recipe (its own state and cache), so that two nodes do not share one.
+inline std::optional<Fp8Quantization> fresh(const std::optional<Fp8Quantization>& q) {
+  if (!q) return std::nullopt;
+  Fp8Quantization out = fp8_quantization(q->recipe);
+  if (q->weight_cache) out.weight_cache = std::make_shared<fp8::WeightCache>();
+  return out;
+}
+
+// The sharded node of case c (F the whole ffn size, a multiple of 4) against the unsharded one on the whole block,
+// each run for `steps` steps (forward and backward) with its own quantization; compare(got, want) checks the last
+// step's y, h and every gradient (got on x's device, want in double on the host).
+template <class T, class Compare>
+ShardedRun run_sharded_node(const dist::Communicator& world, const Case& c, bool sequence, std::uint64_t seed,
+                            Device device, Compare compare, std::int64_t F = 24, int steps = 1) {
   const int p = world.size(), r = world.rank();
-  const std::int64_t M = 8, H = 16, F = 24;  // M and F split over 1, 2 and 4 ranks
+  const std::int64_t M = 8, H = 16;  // M and F split over 1, 2 and 4 ranks
   Params<T> whole = make_params<T>(c, H, F, seed);
   for (Var<T>* v : {&whole.gamma, &whole.beta, &whole.w1, &whole.b1, &whole.w2, &whole.b2}) {
     if (v->defined()) *v = param(v->value().to(device));
@@ -47,8 +64,19 @@ template <class T> void check_sharded_node(const dist::Communicator& world, cons
 
   // The unsharded node on the whole block (every rank computes it alike).
   const Var<T> x_all = param(xv);
-  const LayerNormMLPOutput<T> want = node(x_all, whole, c.options);
-  backward(loss_of(want, dy, dh));
+  ShardedRun run{fresh(c.options.fp8), fresh(c.options.fp8)};
+  LayerNormMLPOptions whole_options = c.options;
+  whole_options.fp8 = run.whole;
+  const auto zero_grads = [](const Params<T>& params, const Var<T>& x) {
+    for (Var<T> v : defined_params(params)) v.zero_grad();
+    Var<T>(x).zero_grad();
+  };
+  LayerNormMLPOutput<T> want;
+  for (int step = 0; step < steps; ++step) {
+    zero_grads(whole, x_all);
+    want = node(x_all, whole, whole_options);
+    backward(loss_of(want, dy, dh));
+  }
 
   // This rank's shard: W1's and b1's columns, W2's rows; with sequence parallelism x's rows (flattened [M, H]).
   Params<T> shard = whole;
@@ -63,24 +91,35 @@ template <class T> void check_sharded_node(const dist::Communicator& world, cons
   };
   const Var<T> x = param(rows(xv));
   LayerNormMLPOptions options = c.options;
+  options.fp8 = run.shard;
   options.tensor_parallel = TensorParallel{world, sequence};
-  const LayerNormMLPOutput<T> got = node(x, shard, options);
-  backward(loss_of(got, rows(dy), rows(dh)));
+  LayerNormMLPOutput<T> got;
+  for (int step = 0; step < steps; ++step) {
+    zero_grads(shard, x);
+    got = node(x, shard, options);
+    backward(loss_of(got, rows(dy), rows(dh)));
+  }
 
-  test::check_close(got.y.value().to(Device::cpu()), on_cpu(rows(want.y.value())), tol);
-  if (c.options.return_layernorm_output) {
-    test::check_close(got.layernorm_output.value().to(Device::cpu()), on_cpu(rows(want.layernorm_output.value())), tol);
-  }
-  test::check_close(x.grad().to(Device::cpu()), on_cpu(rows(x_all.grad())), tol);
-  test::check_close(shard.w1.grad().to(Device::cpu()), block_of_grad(whole.w1, 2, r, p), tol);
-  test::check_close(shard.w2.grad().to(Device::cpu()), block_of_grad(whole.w2, 0, r, p), tol);
-  test::check_close(shard.gamma.grad().to(Device::cpu()), on_cpu(whole.gamma.grad()), tol);
+  const auto check = [&](const Tensor<T>& g, const Tensor<double>& w) { compare(g.to(Device::cpu()), w); };
+  check(got.y.value(), on_cpu(rows(want.y.value())));
+  if (c.options.return_layernorm_output) check(got.layernorm_output.value(), on_cpu(rows(want.layernorm_output.value())));
+  check(x.grad(), on_cpu(rows(x_all.grad())));
+  check(shard.w1.grad(), block_of_grad(whole.w1, 2, r, p));
+  check(shard.w2.grad(), block_of_grad(whole.w2, 0, r, p));
+  check(shard.gamma.grad(), on_cpu(whole.gamma.grad()));
   if (c.biases) {
-    test::check_close(shard.b1.grad().to(Device::cpu()), block_of_grad(whole.b1, 1, r, p), tol);
-    test::check_close(shard.b2.grad().to(Device::cpu()), on_cpu(whole.b2.grad()), tol);
+    check(shard.b1.grad(), block_of_grad(whole.b1, 1, r, p));
+    check(shard.b2.grad(), on_cpu(whole.b2.grad()));
   }
-  if (c.has_beta()) test::check_close(shard.beta.grad().to(Device::cpu()), on_cpu(whole.beta.grad()), tol);
+  if (c.has_beta()) check(shard.beta.grad(), on_cpu(whole.beta.grad()));
   Tape::active().clear();
+  return run;
+}
+
+template <class T> void check_sharded_node(const dist::Communicator& world, const Case& c, bool sequence,
+                                           std::uint64_t seed, Device device, test::Tolerance tol) {
+  run_sharded_node<T>(world, c, sequence, seed, device,
+                      [&](const Tensor<T>& got, const Tensor<double>& want) { test::check_close(got, want, tol); });
 }
 
 // Calls check_sharded_node for both norms × gelu and swiglu × biases × recompute policies × returning h, tensor

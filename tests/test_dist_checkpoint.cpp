@@ -1,10 +1,12 @@
 // Tensor-parallel modules and their checkpoints under mpirun (1, 2 and 4 ranks): a sharded LayerNormMLP computes what
 // the unsharded module of the same seed does; each rank saves its shard; the folder loads back into the same
-// sharding bitwise, into one unsharded module (p -> 1: the shards reassembled), and into another rank count.
+// sharding bitwise, into one unsharded module (p -> 1: the shards reassembled), and into another rank count; an fp8
+// module's scaling state with them.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 
+#include "dist_fp8_checks.hpp"
 #include "dist_support.hpp"
 #include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -81,6 +83,48 @@ TEST_CASE("a tensor-parallel module's checkpoint loads into the same sharding, i
 
   world.barrier();
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+// Delayed scaling's state is a module's buffer, saved from rank 0's file: with the amaxes reduced over the ranks it is
+// every rank's, and the unsharded module's after the same steps. Loaded into the same sharding or into one process, the
+// next step quantizes with the same scales: the same results as the run that was not interrupted.
+TEST_CASE("a tensor-parallel fp8 module's checkpoint carries its scaling state into the same sharding and into one") {
+  const auto world = test::test_world();
+  const std::uint64_t seed = test::shared_seed(world);
+  const auto dir = std::filesystem::temp_directory_path() / ("tapegrad-sharded-fp8-" + std::to_string(seed));
+  const auto make = [&](std::optional<TensorParallel> parallel) {
+    return nn::LayerNormMLP<double>(hidden, {.intermediate_dim = ffn, .activation = Activation::swiglu,
+                                             .fp8 = fp8::DelayedScaling{.amax_history_len = 4},
+                                             .tensor_parallel = parallel},
+                                    seed);
+  };
+  const Var<double> x = constant(randn<double>({5, hidden}, seed + 1));
+  const auto history = [](const nn::Module& m) { return m.state_dict().at("fp8_amax_history").get<float>().to_vector(); };
+  auto sharded = make(TensorParallel{world});
+  auto whole = make(std::nullopt);
+  for (int step = 0; step < 2; ++step) {
+    backward(sum(sharded(x)));
+    backward(sum(whole(x)));
+  }
+  Tape::active().clear();
+  nn::save_sharded(sharded, dir, world);
+  const std::vector<float> saved = history(sharded);
+  using fp8::Role;
+  mlp_test::check_histories_match(saved, history(whole), 4, 1e-12,
+                                  {Role::input, Role::kernel1, Role::kernel2, Role::grad_output});
+
+  auto same = make(TensorParallel{world});
+  nn::load_sharded(same, dir);
+  auto one = make(std::nullopt);
+  nn::load_sharded(one, dir);
+  CHECK(history(same) == saved);
+  CHECK(history(one) == saved);
+  const Tensor<double> next = sharded(x).value();
+  test::check_close(same(x).value(), next, {1e-12, 1e-12, true});
+  test::check_close(one(x).value(), next, {1e-12, 1e-12, true});
+  Tape::active().clear();
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("load_sharded names what is wrong with the folder, and save_sharded a communicator that is not the shards'") {

@@ -1,4 +1,5 @@
-// dist::Communicator on CUDA tensors (NCCL), layernorm_mlp's tensor parallelism and data parallelism on the GPU. One
+// dist::Communicator on CUDA tensors (NCCL), layernorm_mlp's tensor parallelism (with fp8 too) and data parallelism on
+// the GPU. One
 // GPU: one rank, the same code path (NCCL with one rank, the node's collectives and side stream, the buckets' side
 // stream). Several GPUs: one rank a GPU, each on its own thread; skipped (with a message) when fewer are visible.
 #include <doctest/doctest.h>
@@ -6,6 +7,7 @@
 #include <random>
 
 #include "dist_checks.hpp"
+#include "dist_fp8_checks.hpp"
 #include "dist_mlp_checks.hpp"
 #include "dist_support.hpp"
 #include "support.hpp"
@@ -49,16 +51,36 @@ TEST_CASE_TEMPLATE("NCCL runs every collective in every dtype, one rank a GPU", 
   }
 }
 
-TEST_CASE_TEMPLATE("the tensor-parallel node on GPUs equals the unsharded one", T, float, tapegrad::bf16) {
-  if (!dist::has_nccl()) return;
+// body(communicator of rank r, seed) on one thread a GPU, for each rank count; the seed fresh and shared.
+template <class Body> void on_gpu_ranks(Body body) {
   const std::uint64_t seed = std::random_device{}();
   MESSAGE("seed ", seed);
   for (int ranks : rank_counts()) {
     CAPTURE(ranks);
-    test::on_threads(ranks, [&](const dist::Communicator& comm) {
-      mlp_test::check_sharded_cases<T>(comm, seed, Device::cuda(comm.rank()), gpu_sharding_tolerance<T>());
-    });
+    test::on_threads(ranks, [&](const dist::Communicator& comm) { body(comm, seed); });
   }
+}
+
+TEST_CASE_TEMPLATE("the tensor-parallel node on GPUs equals the unsharded one", T, float, tapegrad::bf16) {
+  if (!dist::has_nccl()) return;
+  on_gpu_ranks([](const dist::Communicator& comm, std::uint64_t seed) {
+    mlp_test::check_sharded_cases<T>(comm, seed, Device::cuda(comm.rank()), gpu_sharding_tolerance<T>());
+  });
+}
+
+// The fp8 node on GPUs, its amaxes reduced over NCCL (delayed scaling's gathered at each pass's end, current
+// scaling's before each sharded tensor's scale): within the fp8 tests' bounds of the unsharded node, delayed scaling's
+// histories the same on every rank and the unsharded run's.
+TEST_CASE("the tensor-parallel fp8 node on GPUs equals the unsharded one for every recipe") {
+  if (!dist::has_nccl()) return;
+  on_gpu_ranks([](const dist::Communicator& comm, std::uint64_t seed) {
+    mlp_test::check_sharded_fp8_cases<float>(
+        comm, seed, Device::cuda(comm.rank()),
+        [](const Tensor<float>& got, const Tensor<double>& want, double bound) {
+          CHECK(test::relative_error(got, want) <= bound);
+        },
+        1e-4);
+  });
 }
 
 TEST_CASE("data-parallel training on GPUs equals one GPU on the whole batch") {

@@ -41,19 +41,21 @@ template <class T> struct DenseContext {
 
 // y [M, N] = q(x) · q(kernel) + bias on the CPU, for x [M, K]; fills c.
 template <class T, class P>
-Tensor<T> dense_forward(DenseContext<T>& c, const Fp8Quantization& q, const Tensor<T>& x, const Tensor<P>& kernel,
-                        const Tensor<P>* bias) {
+Tensor<T> dense_forward(DenseContext<T>& c, const Fp8Quantization& q, const std::optional<fp8::AmaxGroup>& group,
+                        const Tensor<T>& x, const Tensor<P>& kernel, const Tensor<P>* bias) {
   using detail::Pass;
   c.M = x.dim(0);
   c.K = x.dim(1);
   c.N = kernel.dim(1);
-  c.quantizer = detail::Quantizer<T>(op_name, q, tensor_name);  // (delayed scaling: ends the state's previous step)
+  c.quantizer = detail::Quantizer<T>(op_name, q, tensor_name, group);  // (delayed: ends the state's previous step)
   c.kernel = c.quantizer.weight(fp8::Role::kernel1, kernel, c.K, c.N);
   const Tensor<T> b = bias ? cast<T>(*bias) : Tensor<T>();
   const detail::Operand<T> xq =
       c.quantizer.input(fp8::Role::input, {x}, c.M, c.K, {.columns = true, .rows = true}, Pass::first);
   c.x = xq.weight_gradient_layout();
-  return detail::product(xq, c.kernel, Transpose::no, c.M, c.N, c.K, detail::bias_rows(b));
+  Tensor<T> y = detail::product(xq, c.kernel, Transpose::no, c.M, c.N, c.K, detail::bias_rows(b));
+  c.quantizer.end_pass();
+  return y;
 }
 
 // dx [M, K], dkernel and dbias from dy [M, N] on the CPU, each where needed.
@@ -69,13 +71,15 @@ std::tuple<Tensor<T>, Tensor<P>, Tensor<P>> dense_backward(const DenseContext<T>
     dw = detail::rounded_tensor<P>(detail::weight_gradient(c.x, dyq, c.M, c.K, c.N).data(), Shape{c.K, c.N});
   }
   if (need_bias) db = detail::rounded_tensor<P>(detail::column_sums(dy, c.M, c.N).data(), Shape{c.N});
+  c.quantizer.end_pass();
   return {dx, dw, db};
 }
 
 }  // namespace
 
 template <class T, class P>
-Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, const Fp8Quantization& q) {
+Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, const Fp8Quantization& q,
+                 const std::optional<fp8::AmaxGroup>& amax_group) {
   check(x.defined() && kernel.defined(), op_name, x.defined() ? "kernel" : "x",
         " is undefined (a default-constructed Var); x and kernel must be defined (only the bias may be left out)");
   detail::check_fp8_quantization(op_name, q);
@@ -104,8 +108,8 @@ Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, cons
         const Tensor<T> x_rows = xv.reshape(Shape{M, K});
         const Tensor<P>* b = has_bias ? &bv : nullptr;
         const Tensor<T> y = by_device(
-            op_name, xv.device(), [&] { return dense_forward(c, q, x_rows, wv, b); },
-            [&](auto) { return detail::device_dense_forward(c.device, q, x_rows, wv, b); });
+            op_name, xv.device(), [&] { return dense_forward(c, q, amax_group, x_rows, wv, b); },
+            [&](auto) { return detail::device_dense_forward(c.device, q, amax_group, x_rows, wv, b); });
         return y.reshape(out_shape);
       },
       [=](const DenseContext<T>& c, const NeedsGrad& needs, const Tensor<T>& dy_in) {
@@ -123,7 +127,8 @@ Var<T> fp8_dense(const Var<T>& x, const Var<P>& kernel, const Var<P>& bias, cons
 }
 
 #define TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, P) \
-  template Var<T> fp8_dense<T, P>(const Var<T>&, const Var<P>&, const Var<P>&, const Fp8Quantization&);
+  template Var<T> fp8_dense<T, P>(const Var<T>&, const Var<P>&, const Var<P>&, const Fp8Quantization&, \
+                                  const std::optional<fp8::AmaxGroup>&);
 #define TAPEGRAD_INSTANTIATE_FP8_DENSE(T)                   \
   TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, float)           \
   TAPEGRAD_INSTANTIATE_FP8_DENSE_PARAMS(T, double)          \

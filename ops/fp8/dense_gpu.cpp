@@ -3,10 +3,10 @@
 namespace tapegrad::detail {
 
 template <class T, class P>
-Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const Tensor<T>& x,
-                               const Tensor<P>& kernel, const Tensor<P>* bias) {
+Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const std::optional<fp8::AmaxGroup>& group,
+                               const Tensor<T>& x, const Tensor<P>& kernel, const Tensor<P>* bias) {
   const Device device = x.device();
-  s.quantizer = DeviceQuantizer<T>("fp8_dense", q, device);  // (delayed scaling: ends the state's previous step first)
+  s.quantizer = DeviceQuantizer<T>("fp8_dense", q, device, group);  // (delayed scaling: ends the state's previous step first)
   s.M = x.dim(0);
   s.K = x.dim(1);
   s.N = kernel.dim(1);
@@ -23,6 +23,7 @@ Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, cons
   Tensor<T> y(Shape{M, N}, device);
   s.quantizer.product(xq, s.kernel, Transpose::no, M, N, K, y.data(), bias ? b.data() : nullptr, 0.0, true);
   s.x = xq.weight_gradient_layout();
+  s.quantizer.end_pass();
   return resized(y, Shape{M, s.N});
 }
 
@@ -43,12 +44,14 @@ DeviceDenseGrads<T, P> device_dense_backward(const DeviceDense<T>& s, const Tens
     g.dx = crops.add(dx, Shape{M, s.K});
   }
   if (need_kernel) g.dkernel = s.quantizer.template weight_gradient<P>(s.x, dyq, Shape{s.K, s.N}, Shape{K, N}, &crops);
+  s.quantizer.end_pass();
   crops.run();
   return g;
 }
 
 #define TAPEGRAD_INSTANTIATE_DEVICE_DENSE_PARAMS(T, P)                                                            \
-  template Tensor<T> device_dense_forward<T, P>(DeviceDense<T>&, const Fp8Quantization&, const Tensor<T>&,        \
+  template Tensor<T> device_dense_forward<T, P>(DeviceDense<T>&, const Fp8Quantization&,                         \
+                                                const std::optional<fp8::AmaxGroup>&, const Tensor<T>&,           \
                                                 const Tensor<P>&, const Tensor<P>*);                              \
   template DeviceDenseGrads<T, P> device_dense_backward<T, P>(const DeviceDense<T>&, const Tensor<T>&, bool, bool, \
                                                               bool);

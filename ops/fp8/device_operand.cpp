@@ -2,6 +2,9 @@
 // per role of the step, kept on the device; block scaling writes a scale per tile beside the codes.
 #include "tapegrad/ops/fp8/detail/device_operand.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
@@ -43,8 +46,9 @@ class PerTensorScaling : public DeviceRecipe {
  protected:
   static constexpr int scale_inv_field = 0, scale_field = 1, amax_field = 2, fields = 4;
 
-  PerTensorScaling(std::string_view op, const Fp8Quantization& q, Device device, Tensor<float> scalars)
-      : DeviceRecipe(op, q, device), scalars_(std::move(scalars)) {}
+  PerTensorScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group,
+                   Tensor<float> scalars)
+      : DeviceRecipe(op, q, device, std::move(group)), scalars_(std::move(scalars)) {}
 
   float* slot(fp8::Role role, int field) const {
     return const_cast<float*>(scalars_.data()) + static_cast<std::int64_t>(role) * fields + field;
@@ -72,8 +76,20 @@ class PerTensorScaling : public DeviceRecipe {
 
 class DelayedScaling final : public PerTensorScaling {
  public:
-  DelayedScaling(std::string_view op, const Fp8Quantization& q, Device device)
-      : PerTensorScaling(op, q, device, step_scales(*q.state, device)) {}
+  DelayedScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
+      : PerTensorScaling(op, q, device, std::move(group), step_scales(*q.state, device)) {}
+
+  // With an amax group: the step's scalars of every rank gathered (on the device, no wait), from which the amaxes this
+  // pass recorded are read, their maximum over the ranks.
+  void end_pass() const override {
+    if (!group_) return;
+    Tensor<float> gathered = group_->comm.all_gather(scalars_);
+    if (open_) {
+      open_->device = std::move(gathered);
+      open_->ranks = group_->comm.size();
+    }
+    open_.reset();
+  }
 
   std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
                                   Pass pass) const override {
@@ -99,28 +115,53 @@ class DelayedScaling final : public PerTensorScaling {
     return host.to(device);
   }
   bool records(Pass pass) const override { return pass == Pass::first; }
-  // The state reads role's amax from the device when its step ends. The amaxes recorded since the last read share
-  // one host copy of the scalars: the step's end reads the device once, not once per amax.
+
+  // Where recorded amaxes are read from: the step's scalars, or with an amax group every rank's, gathered at the
+  // pass's end ([ranks · role_count, fields]); copied to the host once, by the first read.
+  struct Recorded {
+    Tensor<float> device;
+    std::int64_t ranks = 1;
+    Tensor<float> host;
+    float amax(fp8::Role role) {
+      if (!host.defined()) host = device.to(Device::cpu());
+      float out = 0.0f;
+      for (std::int64_t r = 0; r < ranks; ++r) {
+        const float a = host.flat((r * fp8::role_count + static_cast<std::int64_t>(role)) * fields + amax_field);
+        out = std::isnan(a) || std::isnan(out) ? NAN : std::max(out, a);  // (a NaN wins: the step is refused)
+      }
+      return out;
+    }
+  };
+  // The state reads role's amax from the device when its step ends. The amaxes recorded since the last read (within
+  // one pass, with a group) share one host copy: the step's end reads the device once a pass, not once per amax.
   void record_later(fp8::Role role) const override {
-    if (!host_scalars_ || host_scalars_->defined()) host_scalars_ = std::make_shared<Tensor<float>>();
-    q_.state->record_later(role, [host = host_scalars_, scalars = scalars_, role] {
-      if (!host->defined()) *host = scalars.to(Device::cpu());
-      return host->flat(static_cast<std::int64_t>(role) * fields + amax_field);
-    });
+    if (!open_ || open_->host.defined()) open_ = std::make_shared<Recorded>(Recorded{.device = scalars_});
+    q_.state->record_later(role, [recorded = open_, role] { return recorded->amax(role); });
   }
-  mutable std::shared_ptr<Tensor<float>> host_scalars_;
+  mutable std::shared_ptr<Recorded> open_;
 };
 
 class CurrentScaling final : public PerTensorScaling {
  public:
   // Each quantization makes its own scale: nothing to upload, so that a graph can capture the step.
-  CurrentScaling(std::string_view op, const Fp8Quantization& q, Device device)
-      : PerTensorScaling(op, q, device, Tensor<float>(Shape{fp8::role_count, fields}, device)) {}
+  CurrentScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
+      : PerTensorScaling(op, q, device, std::move(group), Tensor<float>(Shape{fp8::role_count, fields}, device)) {}
 
  private:
+  // A sharded role's amax with an amax group: every rank's gathered, then their maximum by the same kernel.
   void make_scale(fp8::Role role, DType dtype, const void* x, std::int64_t n, Pass pass) const override {
     if (pass != Pass::first) return;
     float* amax = slot(role, amax_field);
+    Tensor<float> ranks_amaxes;  // (alive until the kernel below is queued)
+    if (group_ && group_->is_sharded(role)) {
+      Tensor<float> mine(Shape{1}, device_);
+      cuda::fill(DType::f32, mine.data(), 1, 0.0, device_.index);
+      cuda::fp8_amax(dtype, x, n, mine.data(), device_.index);
+      ranks_amaxes = group_->comm.all_gather(mine);
+      x = ranks_amaxes.data();
+      n = ranks_amaxes.numel();
+      dtype = DType::f32;
+    }
     cuda::fill(DType::f32, amax, 1, 0.0, device_.index);
     cuda::fp8_amax(dtype, x, n, amax, device_.index);
     cuda::fp8_current_scale(amax, format_of(role), slot(role, scale_field), slot(role, scale_inv_field),
@@ -131,7 +172,8 @@ class CurrentScaling final : public PerTensorScaling {
 // Block scaling: e4m3 codes with a scale per tile of fp8::block_tile, made by the same pass as the codes.
 class BlockScaling final : public DeviceRecipe {
  public:
-  BlockScaling(std::string_view op, const Fp8Quantization& q, Device device) : DeviceRecipe(op, q, device) {}
+  // Its tiles need no amax reduction (ops/fp8/amax_group.hpp).
+  BlockScaling(std::string_view op, const Fp8Quantization& q, Device device) : DeviceRecipe(op, q, device, {}) {}
 
   Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
                     Pass) const override {
@@ -186,9 +228,14 @@ DType DeviceRecipe::format_of(fp8::Role role) const {
   return dtype_of(fp8::format_of(fp8::formats_of(q_.recipe), role));
 }
 
-std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device) {
-  if (std::holds_alternative<fp8::DelayedScaling>(q.recipe)) return std::make_unique<DelayedScaling>(op, q, device);
-  if (std::holds_alternative<fp8::CurrentScaling>(q.recipe)) return std::make_unique<CurrentScaling>(op, q, device);
+std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device,
+                                                  std::optional<fp8::AmaxGroup> group) {
+  if (std::holds_alternative<fp8::DelayedScaling>(q.recipe)) {
+    return std::make_unique<DelayedScaling>(op, q, device, std::move(group));
+  }
+  if (std::holds_alternative<fp8::CurrentScaling>(q.recipe)) {
+    return std::make_unique<CurrentScaling>(op, q, device, std::move(group));
+  }
   return std::make_unique<BlockScaling>(op, q, device);
 }
 

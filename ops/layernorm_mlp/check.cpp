@@ -29,9 +29,6 @@ void check_options(std::string_view op, const LayerNormMLPOptions& options) {
     check(std::isfinite(p.alpha), op, "clamped_swiglu needs a finite alpha, got ", p.alpha);
   }
   if (options.fp8) check_fp8_quantization(op, *options.fp8);
-  check(!(options.fp8 && options.tensor_parallel), op,
-        "fp8 quantization and tensor parallelism together are not supported yet (their amaxes would need reducing over "
-        "the ranks)");
 }
 }  // namespace
 

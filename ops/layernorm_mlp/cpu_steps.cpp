@@ -180,20 +180,25 @@ Forward<T> cpu_forward(CpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.options = options;
   s.dims = dims;
   s.norm = NormRows<T>(options.norm == NormType::layernorm, x, params.gamma, params.beta, options.zero_centered_gamma);
-  s.quantizer = Quantizer<T>("layernorm_mlp", options.fp8);  // (delayed scaling: ends the state's previous step)
+  // (delayed scaling: ends the state's previous step)
+  s.quantizer = Quantizer<T>("layernorm_mlp", options.fp8, Sharding(options.tensor_parallel).amax_group());
   s.w1 = s.quantizer.weight(fp8::Role::kernel1, params.w1, H, n * F, n);
   s.w2 = s.quantizer.weight(fp8::Role::kernel2, params.w2, F, H);
   if (params.b1) s.b1 = cast<T>(*params.b1);
   if (params.b2) s.b2 = cast<T>(*params.b2);
   CpuSteps<T> steps(s);
-  return forward(steps);
+  Forward<T> out = forward(steps);
+  s.quantizer.end_pass();
+  return out;
 }
 
 template <class T>
 Gradients<T, Tensor<compute_t<T>>> cpu_backward(CpuSaved<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out,
                                                 const Needs& need) {
   CpuSteps<T> steps(s);
-  return backward(steps, dy.reshape(Shape{s.norm.rows, s.dims.hidden}), dh_out, need);
+  auto g = backward(steps, dy.reshape(Shape{s.norm.rows, s.dims.hidden}), dh_out, need);
+  s.quantizer.end_pass();
+  return g;
 }
 
 #define TAPEGRAD_INSTANTIATE_CPU_MLP_PARAMS(T, P)                                                               \

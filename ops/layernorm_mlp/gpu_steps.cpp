@@ -278,7 +278,8 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   const Device device = x.device();
   s.options = options;
   s.dims = dims;
-  s.quantizer = DeviceQuantizer<T>("layernorm_mlp", options.fp8, device);  // (delayed: ends the state's last step)
+  // (delayed: ends the state's last step)
+  s.quantizer = DeviceQuantizer<T>("layernorm_mlp", options.fp8, device, Sharding(options.tensor_parallel).amax_group());
   s.padded = {M, s.quantizer.padded(H), s.quantizer.padded(F), n};
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const std::int64_t rows = M / Sharding(options.tensor_parallel).row_factor();  // this rank's rows of x
@@ -301,6 +302,7 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.rstd = Tensor<C>(Shape{rows}, device);
   GpuSteps<T, P> steps(s);
   const Forward<T> out = forward(steps);
+  s.quantizer.end_pass();
   const Tensor<T> h = options.return_layernorm_output ? resized(out.h, Shape{rows, H}) : Tensor<T>();
   return {resized(out.y, Shape{rows, H}), h};
 }
@@ -309,6 +311,7 @@ template <class T, class P>
 Gradients<T, Tensor<P>> gpu_backward(GpuSaved<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out, const Needs& need) {
   GpuSteps<T, P> steps(s);
   Gradients<T, Tensor<P>> g = backward(steps, dy.reshape(Shape{s.norm.rows, s.dims.hidden}), dh_out, need);
+  s.quantizer.end_pass();
   steps.finish();
   return g;
 }

@@ -5,7 +5,9 @@
 //   Var<bf16> y = proj(x);  // x [..., 128] in any dtype -> bf16 [..., 512]
 //
 // With an fp8 recipe (`.fp8 = fp8::DelayedScaling{}`) the projection is fp8_dense (ops/fp8/dense.hpp): its products
-// read FP8 values, the kernel quantized from P itself; the module owns delayed scaling's state.
+// read FP8 values, the kernel quantized from P itself; the module owns delayed scaling's state. With tensor
+// parallelism too, each rank quantizes its own shard (and caches its own copy) with the amaxes reduced over the
+// ranks (ops/fp8/amax_group.hpp), so that every rank's state and scales are the same.
 //
 // With `.tensor_parallel` each rank holds a shard of the kernel (Megatron-LM's parallel linear layers,
 // TransformerEngine's parallel_mode) and the module runs the collectives of ops/dist.hpp around its product:
@@ -58,7 +60,6 @@ template <class P> struct DenseParameters {
       : parallel(config.tensor_parallel), mode(config.parallel) {
     check(in > 0 && config.features > 0, owner.type_name(), "input size and features must be positive, got ", in,
           " and ", config.features);
-    check(!(parallel && config.fp8), owner.type_name(), "fp8 with tensor_parallel is not supported yet");
     const bool column = mode == DenseConfig::Parallel::column;
     owner.init_parameter("kernel", kernel, config.kernel_init, {in, config.features}, seed, {},
                          shard_along(owner, column ? 1 : 0, column ? config.features : in));
@@ -70,15 +71,19 @@ template <class P> struct DenseParameters {
   }
   // x is already in the compute dtype U; the parameters are rounded to it (with fp8: the kernel quantized from P).
   template <class U> Var<U> apply(const Var<U>& x) const {
-    if (fp8) return fp8_dense(x, kernel, bias, *fp8);
     const Var<U> b = bias.defined() ? cast<U>(bias) : Var<U>();
-    if (!parallel) return dense(x, cast<U>(kernel), b);
+    // This rank's product, with the bias or without.
+    const auto product = [&](const Var<U>& in, bool with_bias) {
+      if (fp8) return fp8_dense(in, kernel, with_bias ? bias : Var<P>(), *fp8, amax_group());
+      return dense(in, cast<U>(kernel), with_bias ? b : Var<U>());
+    };
+    if (!parallel) return product(x, true);
     const dist::Communicator& comm = parallel->comm;
     const bool sequence = parallel->sequence_parallel;
     if (mode == DenseConfig::Parallel::column) {
-      return dense(sequence ? dist::all_gather(comm, x) : dist::replicate(comm, x), cast<U>(kernel), b);
+      return product(sequence ? dist::all_gather(comm, x) : dist::replicate(comm, x), true);
     }
-    const Var<U> partial = dense(x, cast<U>(kernel), Var<U>());
+    const Var<U> partial = product(x, false);
     const Var<U> summed = sequence ? dist::reduce_scatter(comm, partial) : dist::all_reduce(comm, partial);
     if (!b.defined()) return summed;
     return summed + (sequence ? dist::replicate(comm, b) : b);  // rows of this rank only: the bias's gradient summed
@@ -88,6 +93,16 @@ template <class P> struct DenseParameters {
   std::int64_t in() const { return kernel.shape()[0]; }
 
  private:
+  // With fp8 and tensor parallelism, the ranks' amaxes reduced: the kernel's shard and, column-parallel, dy (this
+  // rank's features), row-parallel x (this rank's features) differ from rank to rank; the other of x and dy is
+  // replicated or all-gathered.
+  std::optional<fp8::AmaxGroup> amax_group() const {
+    if (!parallel) return std::nullopt;
+    using fp8::Role;
+    const Role other = mode == DenseConfig::Parallel::column ? Role::grad_output : Role::input;
+    return fp8::AmaxGroup(parallel->comm, {Role::kernel1, other});
+  }
+
   std::optional<ParameterShard> shard_along(const Module& owner, int axis, std::int64_t size) const {
     if (!parallel) return std::nullopt;
     const int ranks = parallel->comm.size();

@@ -22,8 +22,8 @@ template <class T> struct DeviceDense {
 
 // y [M, N] = q(x) · q(kernel) + bias; x [M, K] on a GPU in f32, bf16 or f16, the bias null where absent.
 template <class T, class P>
-Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const Tensor<T>& x,
-                               const Tensor<P>& kernel, const Tensor<P>* bias);
+Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const std::optional<fp8::AmaxGroup>& group,
+                               const Tensor<T>& x, const Tensor<P>& kernel, const Tensor<P>* bias);
 
 template <class T, class P> struct DeviceDenseGrads {
   Tensor<T> dx;           // [M, K]

@@ -7,6 +7,9 @@
 // scaling makes each from the tensor's amax there (no wait for the device). Delayed scaling's amaxes are taken by the
 // quantization's own pass and reach the state when the step ends (ScalingState::record_later); it knows each scale
 // before the tensor exists, so a kernel that makes a tensor can write its codes itself (DeviceRecipe::target).
+// With an amax group (ops/fp8/amax_group.hpp) the amaxes are the group's, gathered on the device over NCCL: delayed
+// scaling's at the end of each pass (end_pass: the step's scalars, one collective), read with the step's end;
+// current scaling's for a sharded role before its scale is made, by a kernel over the gathered amaxes.
 // Hopper's FP8 kernels read both operands along the inner dimension, so a tensor that one product sums over its
 // columns and another over its rows is written twice by one pass: its codes and their transpose (TransformerEngine's
 // cast + transpose). Block scaling's tiles follow each product's inner dimension, so the two layouts have scales of
@@ -93,6 +96,8 @@ class DeviceRecipe {
                                           Pass pass) const;
   // What the recipe's products need an operand's rows and inner size to be a multiple of.
   virtual std::int64_t granule() const { return cuda::fp8_row_alignment; }
+  // After each pass (the forward; a backward), on every rank of the amax group together.
+  virtual void end_pass() const {}
 
   // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless null)
   // where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with fewer
@@ -102,18 +107,22 @@ class DeviceRecipe {
                bool forward) const;
 
  protected:
-  DeviceRecipe(std::string_view op, const Fp8Quantization& q, Device device) : op_(op), q_(q), device_(device) {}
+  DeviceRecipe(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
+      : op_(op), q_(q), device_(device), group_(std::move(group)) {}
   std::shared_ptr<Storage> bytes(std::int64_t count) const;
   DType format_of(fp8::Role role) const;
 
   std::string_view op_;
   Fp8Quantization q_;
   Device device_;
+  std::optional<fp8::AmaxGroup> group_;
 };
 
 // The policy of q's recipe, starting op's step on `device` (delayed scaling first ends the state's previous one), for
-// a recipe and dtype that check_fp8_on_device has let through. `op` names it in errors.
-std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device);
+// a recipe and dtype that check_fp8_on_device has let through. `op` names it in errors; with `group`, the amaxes are
+// reduced over its ranks.
+std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device,
+                                                  std::optional<fp8::AmaxGroup> group = {});
 
 // out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null) over values, row-major: A stored [M, K], or
 // [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute
@@ -142,8 +151,14 @@ void values_product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bo
 template <class T> class DeviceQuantizer {
  public:
   DeviceQuantizer() = default;  // no quantization
-  DeviceQuantizer(std::string_view op, const std::optional<Fp8Quantization>& q, Device device)
-      : recipe_(q ? device_recipe(op, *q, device) : nullptr) {}
+  DeviceQuantizer(std::string_view op, const std::optional<Fp8Quantization>& q, Device device,
+                  std::optional<fp8::AmaxGroup> group = {})
+      : recipe_(q ? device_recipe(op, *q, device, std::move(group)) : nullptr) {}
+
+  // Ends a pass (the forward; a backward): with an amax group, every rank of it calls this together.
+  void end_pass() const {
+    if (recipe_) recipe_->end_pass();
+  }
 
   // n rounded up to what a product needs of an operand's rows and inner size: 16 bytes of T (cuBLASLt's TMA kernels
   // need 16-byte aligned rows; without them it falls back to kernels ~3× slower), of fp8 codes, or whole tiles.

@@ -12,7 +12,8 @@
 // The step: an op's forward makes its Quantizer, which starts one: delayed scaling first ends the state's previous
 // step (its amaxes enter the histories, new scales are made); then every role's scale is kept for this step, so that
 // the backward (once, or again under retain_graph) and every recompute quantize with the same scales. A tensor's amax
-// counts once, on its pass's first quantization (Pass::first).
+// counts once, on its pass's first quantization (Pass::first). With an amax group (ops/fp8/amax_group.hpp) the
+// amaxes are the group's: the op calls end_pass() after each pass, where delayed scaling reduces what it held back.
 #pragma once
 
 #include <array>
@@ -23,6 +24,7 @@
 #include <optional>
 #include <string_view>
 
+#include "tapegrad/ops/fp8/amax_group.hpp"
 #include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/ops/fp8/recipe.hpp"
 #include "tapegrad/tensor/core/error.hpp"
@@ -65,6 +67,8 @@ template <class T> class CpuRecipe {
   // A weight [rows, cols] as f32: what every quantization reads of its elements.
   virtual Tensor<C> weight(fp8::Role role, const Tensor<float>& w, std::int64_t rows, std::int64_t cols,
                            std::int64_t parts) const = 0;
+  // After each pass (the forward; a backward), on every rank of the amax group together.
+  virtual void end_pass() const {}
 
  protected:
   CpuRecipe(std::string_view op, std::string_view (*name)(fp8::Role)) : op_(op), name_(name) {}
@@ -93,47 +97,84 @@ template <class T> class PerTensorScaling : public CpuRecipe<T> {
   }
 
  protected:
-  PerTensorScaling(std::string_view op, std::string_view (*name)(fp8::Role), fp8::Formats formats)
-      : CpuRecipe<T>(op, name), formats_(formats) {}
+  PerTensorScaling(std::string_view op, std::string_view (*name)(fp8::Role), fp8::Formats formats,
+                   std::optional<fp8::AmaxGroup> group)
+      : CpuRecipe<T>(op, name), group_(std::move(group)), formats_(formats) {}
   fp8::Format format(fp8::Role role) const { return fp8::format_of(formats_, role); }
   // The scale a tensor is quantized by, given its amax (taken only where the recipe reads it).
   virtual float scale(fp8::Role role, const std::function<float()>& amax, Pass pass) const = 0;
+
+  std::optional<fp8::AmaxGroup> group_;
 
  private:
   fp8::Formats formats_;
 };
 
 // Delayed scaling: the step's scale of each role, made from the amaxes of the steps before; the pass's first amax of a
-// role goes to the state, which refuses a bad one when the step ends.
+// role goes to the state, which refuses a bad one when the step ends. With an amax group the pass's amaxes are held
+// back and reach the state at the pass's end, reduced over the group in one collective.
 template <class T> class CpuDelayedScaling final : public PerTensorScaling<T> {
  public:
-  CpuDelayedScaling(std::string_view op, std::string_view (*name)(fp8::Role), const Fp8Quantization& q)
-      : PerTensorScaling<T>(op, name, fp8::formats_of(q.recipe)), state_(q.state) {
+  CpuDelayedScaling(std::string_view op, std::string_view (*name)(fp8::Role), const Fp8Quantization& q,
+                    std::optional<fp8::AmaxGroup> group)
+      : PerTensorScaling<T>(op, name, fp8::formats_of(q.recipe), std::move(group)), state_(q.state) {
     if (state_->pending()) state_->update();
     for (fp8::Role role : fp8::roles) scales_[static_cast<std::size_t>(role)] = state_->scale(role);
+    held_.fill(not_recorded);
+  }
+
+  void end_pass() const override {
+    if (!this->group_) return;
+    const std::vector<float> reduced = fp8::group_max(this->group_->comm, held_);
+    held_.fill(not_recorded);
+    for (fp8::Role role : fp8::roles) {
+      const float amax = reduced[static_cast<std::size_t>(role)];
+      if (!(amax == not_recorded)) state_->record(role, amax);  // (a NaN is recorded)
+    }
   }
 
  private:
+  static constexpr float not_recorded = -1.0f;  // below every amax: the group's maximum says whether any rank recorded
+
   float scale(fp8::Role role, const std::function<float()>& amax, Pass pass) const override {
-    if (pass == Pass::first) state_->record(role, amax());
+    if (pass == Pass::first) {
+      if (this->group_) {
+        float& held = held_[static_cast<std::size_t>(role)];
+        const float a = amax();
+        held = std::isnan(a) || std::isnan(held) ? NAN : std::max(held, a);
+      } else {
+        state_->record(role, amax());
+      }
+    }
     return scales_[static_cast<std::size_t>(role)];
   }
   std::shared_ptr<fp8::ScalingState> state_;
   std::array<float, fp8::role_count> scales_{};
+  mutable std::array<float, fp8::role_count> held_{};  // the pass's amaxes, with a group
 };
 
-// Current scaling: each tensor's scale from its own amax.
+// Current scaling: each tensor's scale from its own amax. With an amax group, a sharded role's amax is the group's
+// maximum: reduced on the pass's first quantization, whose scale a later one (the backward's a, bitwise the same
+// tensor) reuses rather than reducing again.
 template <class T> class CpuCurrentScaling final : public PerTensorScaling<T> {
  public:
-  CpuCurrentScaling(std::string_view op, std::string_view (*name)(fp8::Role), const Fp8Quantization& q)
-      : PerTensorScaling<T>(op, name, fp8::formats_of(q.recipe)) {}
+  CpuCurrentScaling(std::string_view op, std::string_view (*name)(fp8::Role), const Fp8Quantization& q,
+                    std::optional<fp8::AmaxGroup> group)
+      : PerTensorScaling<T>(op, name, fp8::formats_of(q.recipe), std::move(group)) {}
 
  private:
-  float scale(fp8::Role role, const std::function<float()>& amax, Pass) const override {
-    const float a = amax();
+  float scale(fp8::Role role, const std::function<float()>& amax, Pass pass) const override {
+    const bool reduced = this->group_ && this->group_->is_sharded(role);
+    float& kept = group_scales_[static_cast<std::size_t>(role)];
+    if (reduced && pass == Pass::later && kept > 0.0f) return kept;
+    float a = amax();
+    if (reduced) a = fp8::group_max(this->group_->comm, std::span<const float>(&a, 1)).front();
     this->require_finite(role, a);
-    return fp8::current_scale(a, fp8::max_value(this->format(role)));
+    const float s = fp8::current_scale(a, fp8::max_value(this->format(role)));
+    if (reduced) kept = s;
+    return s;
   }
+  mutable std::array<float, fp8::role_count> group_scales_{};  // the group's scale of each sharded role in the step
 };
 
 // Block scaling: e4m3 with a power-of-two scale per tile: 1 × 128 along the inner dimension of an input's products,
@@ -164,10 +205,17 @@ template <class T> class Quantizer {
   Quantizer() = default;  // no quantization
   // Starts the step of `op`'s quantization (which check_fp8_quantization has let through). `name` names its tensors in
   // errors (layernorm_mlp's by default: ops/fp8/roles.hpp's role_name).
-  Quantizer(std::string_view op, const Fp8Quantization& q, std::string_view (*name)(fp8::Role) = fp8::role_name)
-      : recipe_(recipe_of(op, q, name)), cache_(q.weight_cache) {}
-  Quantizer(std::string_view op, const std::optional<Fp8Quantization>& q) {
-    if (q) *this = Quantizer(op, *q);
+  // With `group`, the amaxes are reduced over its ranks (ops/fp8/amax_group.hpp).
+  Quantizer(std::string_view op, const Fp8Quantization& q, std::string_view (*name)(fp8::Role) = fp8::role_name,
+            std::optional<fp8::AmaxGroup> group = {})
+      : recipe_(recipe_of(op, q, name, std::move(group))), cache_(q.weight_cache) {}
+  Quantizer(std::string_view op, const std::optional<Fp8Quantization>& q, std::optional<fp8::AmaxGroup> group = {}) {
+    if (q) *this = Quantizer(op, *q, fp8::role_name, std::move(group));
+  }
+
+  // Ends a pass (the forward; a backward): with an amax group, every rank of it calls this together.
+  void end_pass() const {
+    if (recipe_) recipe_->end_pass();
   }
 
   // Weight `role` ([rows, cols], in P, its columns `parts` equal parts) as the products read it (with a weight cache,
@@ -192,14 +240,15 @@ template <class T> class Quantizer {
 
  private:
   static std::shared_ptr<const CpuRecipe<T>> recipe_of(std::string_view op, const Fp8Quantization& q,
-                                                       std::string_view (*name)(fp8::Role)) {
+                                                       std::string_view (*name)(fp8::Role),
+                                                       std::optional<fp8::AmaxGroup> group) {
     if (std::holds_alternative<fp8::DelayedScaling>(q.recipe)) {
-      return std::make_shared<CpuDelayedScaling<T>>(op, name, q);
+      return std::make_shared<CpuDelayedScaling<T>>(op, name, q, std::move(group));
     }
     if (std::holds_alternative<fp8::CurrentScaling>(q.recipe)) {
-      return std::make_shared<CpuCurrentScaling<T>>(op, name, q);
+      return std::make_shared<CpuCurrentScaling<T>>(op, name, q, std::move(group));
     }
-    return std::make_shared<CpuBlockScaling<T>>(op, name);
+    return std::make_shared<CpuBlockScaling<T>>(op, name);  // its tiles need no reduction (ops/fp8/amax_group.hpp)
   }
 
   std::shared_ptr<const CpuRecipe<T>> recipe_;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "tapegrad/ops/fp8/amax_group.hpp"
 #include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 
 namespace tapegrad::detail::mlp {
@@ -20,6 +21,14 @@ class Sharding {
   std::int64_t row_factor() const { return sequence() ? parallel_->comm.size() : 1; }
   // Whether this rank adds the terms that the ranks' partial results must hold once (b2 in y): rank 0's does.
   bool adds_replicated_terms() const { return !parallel_ || parallel_->comm.rank() == 0; }
+
+  // The ranks over which fp8 amaxes are reduced: W1's and W2's shards, a (this rank's F/p features) and dz differ
+  // from rank to rank; h and dy are replicated or all-gathered before they are quantized, the same on every rank.
+  std::optional<fp8::AmaxGroup> amax_group() const {
+    if (!parallel_) return std::nullopt;
+    using fp8::Role;
+    return fp8::AmaxGroup(parallel_->comm, {Role::kernel1, Role::kernel2, Role::activation, Role::grad_hidden});
+  }
 
   // Sequence parallel: the ranks' rows stacked in rank order (h before GEMM1, dy before the backward's products).
   template <class T> Tensor<T> gathered_rows(const Tensor<T>& rows) const {
