@@ -2,8 +2,8 @@
 // bench/peer_attention.py times for the peers (PyTorch's SDPA with each backend forced, JAX's cudnn and xla
 // implementations) on the same shapes: the recorded forward (as in training) and the forward + backward step, medians
 // of CUDA-event timings, TFLOP/s on bench/attention_step.hpp's count (forward 4·B·Hq·S²·D, the step 3.5× that,
-// causal half), and each mode's peak extra device memory. A case that fails (out of memory, a shape a kernel does not
-// take) reports the error on its line and the others still run.
+// causal half), each mode's peak extra device memory and the kernels it ran (cuDNN's where they apply). A case that
+// fails (out of memory, a shape a kernel does not take) reports the error on its line and the others still run.
 #include "attention_step.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
@@ -37,6 +37,8 @@ void run_case(const AttentionShape& s, bool causal) {
                                         [&] { attention.step(); }};
   const std::vector<Timing> t = measure_gpu({runs[0], runs[1]});
   const char* modes[] = {"forward", "forward_backward"};
+  const nn::AttentionKernels kernels =
+      nn::dot_product_attention_kernels(attention.q, attention.k, attention.v, attention.options);
   const double forward_flops = attention_forward_flops(s, causal);
   const double flops[] = {forward_flops, forward_flops * (1 + attention_backward_over_forward)};
   for (std::size_t m = 0; m < 2; ++m) {
@@ -44,6 +46,7 @@ void run_case(const AttentionShape& s, bool causal) {
     JsonLine line("gpu_attention");
     describe(line, s, causal)
         .str("mode", modes[m])
+        .str("kernels", m == 0 ? kernels.forward : kernels.backward)
         .num("median_ms", t[m].median_ns * 1e-6)
         .num("tflops", flops[m] / t[m].median_ns * 1e-3)
         .num("peak_extra_mib", peak)

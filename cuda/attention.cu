@@ -12,12 +12,17 @@
 // Every output element is summed by one thread in a fixed order: the same bits on every run. A block is 256 threads,
 // a 16 × 16 grid over each tile: a thread owns rows ty + 16·i and columns tx + 16·j. Shared rows are padded to a
 // multiple of 16 plus one element, so that threads reading one column of consecutive rows hit distinct banks.
-// Tensor-core versions of these kernels are the next step; these are the correct, memory-linear baseline.
+// bf16 and f16 problems that cuDNN's fused flash attention takes run there instead (cuda/cudnn_attention.hpp:
+// tensor cores); these kernels are the rest's (f32, f64, dropout, a bias, lengths, windows), correct and
+// memory-linear.
 #include "tapegrad/cuda/attention.hpp"
 
+#include <atomic>
 #include <cmath>
 
+#include "tapegrad/cuda/cudnn_attention.hpp"
 #include "tapegrad/cuda/rows.cuh"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/gpu/detail/launch.cuh"
 
 namespace tapegrad::cuda {
@@ -528,12 +533,20 @@ void check_problem(const Problem& p) {
         " queries and ", p.Sk, " keys exceed the GPU kernels' grid");
 }
 
+std::atomic<AttentionKernels> chosen_kernels{AttentionKernels::cudnn_where_it_applies};
+
+bool cudnn_allowed() { return attention_kernels() == AttentionKernels::cudnn_where_it_applies; }
+
 }  // namespace
+
+void set_attention_kernels(AttentionKernels kernels) { chosen_kernels.store(kernels, std::memory_order_relaxed); }
+AttentionKernels attention_kernels() { return chosen_kernels.load(std::memory_order_relaxed); }
 
 void attention_forward(DType dtype, const Problem& p, const void* q, const void* k, const void* v, const void* bias,
                        void* o, void* log_sums, int device) {
   check_problem(p);
   if (p.batch * p.q_heads * p.Sq == 0) return;
+  if (cudnn_allowed() && cudnn_attention_forward(dtype, p, q, k, v, o, log_sums, device)) return;
   Launch launch(device);
   dispatch_float(dtype, "dot_product_attention", [&](auto unit) {
     using S = decltype(unit);
@@ -556,6 +569,9 @@ void attention_backward(DType dtype, const Problem& p, const void* q, const void
                         void* dv, void* dbias, int device) {
   check_problem(p);
   if (p.batch * p.q_heads == 0) return;
+  if (cudnn_allowed() && cudnn_attention_backward(dtype, p, q, k, v, o, log_sums, dout, delta, dq, dk, dv, device)) {
+    return;
+  }
   Launch launch(device);
   dispatch_float(dtype, "dot_product_attention", [&](auto unit) {
     using S = decltype(unit);

@@ -41,6 +41,9 @@ struct Problem {
   // Dropout on the probabilities: kept ones scaled by 1 / (1 - dropout).
   double dropout = 0;
   std::uint64_t dropout_seed = 0;
+  // Whether the backward must give the same bits every run (tapegrad's kernels always do; cuDNN's fastest backward
+  // sums dq in a varying order).
+  bool deterministic = false;
 
   TAPEGRAD_HOST_DEVICE std::int64_t kv_head(std::int64_t h) const { return h / (q_heads / kv_heads); }
   TAPEGRAD_HOST_DEVICE std::int64_t bias_at(std::int64_t b, std::int64_t h, std::int64_t i) const {

@@ -32,4 +32,12 @@ inline constexpr std::int64_t element_compilation_threshold = std::int64_t{1} <<
 void set_element_compilation(ElementCompilation mode);
 ElementCompilation element_compilation();
 
+// Which kernels run nn::dot_product_attention on a GPU: cuDNN's fused flash attention for the problems it takes (bf16
+// and f16 without dropout, a bias, key padding or a sliding window: docs/attention.md) and tapegrad's own for the
+// rest, the default; or tapegrad's own for all (to compare the two). cuDNN is loaded at run time; without it every
+// problem runs on tapegrad's kernels.
+enum class AttentionKernels { cudnn_where_it_applies, tapegrad };
+void set_attention_kernels(AttentionKernels kernels);
+AttentionKernels attention_kernels();
+
 }  // namespace tapegrad::cuda

@@ -11,6 +11,8 @@
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/cuda/attention.hpp"
 #include "tapegrad/cuda/attention_problem.hpp"
+#include "tapegrad/cuda/cudnn_attention.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/ops/detail/flash_attention.hpp"
 #include "tapegrad/ops/detail/head_layout.hpp"
 #include "tapegrad/ops/detail/unfused.hpp"
@@ -123,6 +125,7 @@ void apply_options(Geometry& g, const AttentionOptions& o) {
   p.window_right = o.window_right;
   p.dropout = o.dropout;
   p.dropout_seed = o.dropout_seed;
+  p.deterministic = o.deterministic;
 }
 
 void apply_bias(Geometry& g, const Shape& bias) {
@@ -294,14 +297,29 @@ template <class T> std::vector<Tensor<T>> attention_backward(const AttentionSave
   return grads;
 }
 
-template <class T>
-Var<T> record(std::vector<Var<T>> inputs, Geometry g, const AttentionOptions& options) {
+// The geometry with the options' and the bias's parts (bias: undefined for none).
+template <class T> Geometry with_options(Geometry g, const AttentionOptions& options, const Var<T>& bias) {
   apply_options(g, options);
-  if (inputs.back().defined()) {
-    apply_bias(g, inputs.back().shape());
-  } else {
-    inputs.pop_back();
-  }
+  if (bias.defined()) apply_bias(g, bias.shape());
+  return g;
+}
+
+AttentionKernels kernels_of(DType dtype, Device device, const Geometry& g, const AttentionOptions& options) {
+  if (device.is_cpu()) return {"cpu", "cpu"};
+  // Only whether lengths are set matters here.
+  const attention::Problem p = with_host_lengths(g.problem, options.q_lengths, options.kv_lengths);
+  const auto choice = [&](bool backward) -> std::string {
+    if (cuda::attention_kernels() == cuda::AttentionKernels::tapegrad) return "tapegrad: chosen by set_attention_kernels";
+    const std::string refusal = cuda::cudnn_attention_refusal(dtype, p, backward, device.index);
+    return refusal.empty() ? "cudnn" : "tapegrad: " + refusal;
+  };
+  return {choice(false), choice(true)};
+}
+
+template <class T>
+Var<T> record(std::vector<Var<T>> inputs, Geometry geometry, const AttentionOptions& options) {
+  const Geometry g = with_options(std::move(geometry), options, inputs.back());
+  if (!inputs.back().defined()) inputs.pop_back();
   return custom_op<AttentionSaved<T>>(
       op_name,
       [&](AttentionSaved<T>& s, const std::vector<Tensor<T>>& in) {
@@ -344,11 +362,33 @@ Var<U> dot_product_attention_qkv(const Var<U>& qkv, std::int64_t q_heads, std::i
   return record<U>({qkv, bias}, packed_geometry(qkv.shape(), q_heads, kv_heads, options.packing), options);
 }
 
+template <class U>
+AttentionKernels dot_product_attention_kernels(const Var<U>& q, const Var<U>& k, const Var<U>& v,
+                                               const AttentionOptions& options, const Var<U>& bias) {
+  const OpScope scope = enter_op(op_name, q, k, v);
+  return kernels_of(dtype_v<U>, q.device(),
+                    with_options(separate_geometry(q.shape(), k.shape(), v.shape(), options.layout), options, bias),
+                    options);
+}
+
+template <class U>
+AttentionKernels dot_product_attention_qkv_kernels(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
+                                                   const AttentionOptions& options, const Var<U>& bias) {
+  const OpScope scope = enter_op(op_name, qkv);
+  return kernels_of(dtype_v<U>, qkv.device(),
+                    with_options(packed_geometry(qkv.shape(), q_heads, kv_heads, options.packing), options, bias),
+                    options);
+}
+
 #define TAPEGRAD_INSTANTIATE_DOT_PRODUCT_ATTENTION(U)                                                          \
   template Var<U> dot_product_attention<U>(const Var<U>&, const Var<U>&, const Var<U>&, const AttentionOptions&, \
                                            const Var<U>&);                                                     \
   template Var<U> dot_product_attention_qkv<U>(const Var<U>&, std::int64_t, std::int64_t,                      \
-                                               const AttentionOptions&, const Var<U>&);
+                                               const AttentionOptions&, const Var<U>&);                   \
+  template AttentionKernels dot_product_attention_kernels<U>(const Var<U>&, const Var<U>&, const Var<U>&,      \
+                                                             const AttentionOptions&, const Var<U>&);           \
+  template AttentionKernels dot_product_attention_qkv_kernels<U>(const Var<U>&, std::int64_t, std::int64_t,    \
+                                                                 const AttentionOptions&, const Var<U>&);
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_DOT_PRODUCT_ATTENTION)
 
 }  // namespace tapegrad::nn

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tapegrad/autodiff/var.hpp"
@@ -43,6 +44,16 @@ struct AttentionOptions {
   std::uint64_t dropout_seed = 0;
   AttentionLayout layout = AttentionLayout::bhsd;  // of q, k, v and the output (dot_product_attention only)
   QkvPacking packing = QkvPacking::blocks;         // of the projection (dot_product_attention_qkv only)
+  // Whether the GPU backward must give the same bits on every run: cuDNN's fastest backward sums dq in an order that
+  // varies; true asks for its deterministic form. The CPU's and tapegrad's own GPU kernels always are.
+  bool deterministic = false;
+};
+
+// Which kernels run a call's forward and its backward: "cpu", "cudnn" (its fused flash attention, on tensor cores),
+// or "tapegrad: " and why cuDNN does not take the call (tapegrad's own GPU kernels; docs/attention.md says which
+// calls cuDNN takes). Asking compiles cuDNN's plans for the call's shapes, as its first run would.
+struct AttentionKernels {
+  std::string forward, backward;
 };
 
 // q [..., Hq, Sq, D], k [..., Hkv, Sk, D], v [..., Hkv, Sk, Dv] (bhsd; or bshd) -> [..., Hq, Sq, Dv] (the same
@@ -58,5 +69,14 @@ Var<U> dot_product_attention(const Var<U>& q, const Var<U>& k, const Var<U>& v, 
 template <class U>
 Var<U> dot_product_attention_qkv(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
                                  const AttentionOptions& options = {}, const Var<U>& bias = Var<U>());
+
+// The kernels dot_product_attention and dot_product_attention_qkv run for these operands and options.
+template <class U>
+AttentionKernels dot_product_attention_kernels(const Var<U>& q, const Var<U>& k, const Var<U>& v,
+                                               const AttentionOptions& options = {}, const Var<U>& bias = Var<U>());
+template <class U>
+AttentionKernels dot_product_attention_qkv_kernels(const Var<U>& qkv, std::int64_t q_heads, std::int64_t kv_heads,
+                                                   const AttentionOptions& options = {},
+                                                   const Var<U>& bias = Var<U>());
 
 }  // namespace tapegrad::nn

@@ -388,3 +388,13 @@ TEST_CASE("dot_product_attention names the op and the shapes or values that do n
   CHECK_THROWS_WITH_AS(nn::dot_product_attention(q, k2, v2, {.scale = std::numeric_limits<double>::infinity()}),
                        "dot_product_attention: the scale must be finite, got inf", Error);
 }
+
+TEST_CASE("dot_product_attention_kernels names the cpu's kernels there, and checks the call as the op does") {
+  const auto q = constant(randn<bf16>({2, 4, 3, 8}, 1)), k = constant(randn<bf16>({2, 2, 5, 8}, 2));
+  const nn::AttentionKernels kernels = nn::dot_product_attention_kernels(q, k, k, {.causal = true});
+  CHECK(kernels.forward == "cpu");
+  CHECK(kernels.backward == "cpu");
+  CHECK(nn::dot_product_attention_qkv_kernels(constant(randn<bf16>({2, 5, 32}, 3)), 2, 1).forward == "cpu");
+  CHECK_THROWS_WITH_AS(nn::dot_product_attention_kernels(q, k, k, {.kv_lengths = {5, 6}}),
+                       "dot_product_attention: kv_lengths[1] = 6 is outside [0, 5]", Error);
+}

@@ -4,6 +4,7 @@
 // errors the GPU path adds.
 #include <doctest/doctest.h>
 
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -81,6 +82,112 @@ TEST_CASE_TEMPLATE("dot_product_attention's fused kernels at odd lengths and hea
         },
         inputs, tolerance<T>, 10 + c);
   }
+}
+
+// Whether cuDNN's fused attention runs here; says why not otherwise (the tests that need it pass without it).
+bool cudnn_runs_here() {
+  const Var<bf16> x = constant(randn<bf16>({1, 1, 16, 64}, 1, 0.0, 1.0, test::gpu));
+  const nn::AttentionKernels kernels = nn::dot_product_attention_kernels(x, x, x);
+  if (kernels.forward != "cudnn") MESSAGE("cuDNN does not run here: ", kernels.forward);
+  return kernels.forward == "cudnn";
+}
+
+// The problems of causal language models, on cuDNN in bf16 and f16 (each call reports the kernels it runs): both
+// layouts, grouped-query heads, causal masks of both alignments with Sq ≠ Sk, head sizes 64, 128 and 256, lengths
+// that are not multiples of a tile. f32 and f64 say why they stay on tapegrad's kernels.
+TEST_CASE_TEMPLATE("dot_product_attention on cuDNN matches the cpu in double where cuDNN takes the call", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  using nn::AttentionLayout;
+  constexpr bool low_precision = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+  if (!cudnn_runs_here()) return;
+  const std::vector<Case> cases{
+      {{2, 4, 129, 64}, {2, 4, 129, 64}, {2, 4, 129, 64}, {}, {}},
+      {{1, 1000, 4, 128}, {1, 1000, 2, 128}, {1, 1000, 2, 128}, {}, {.causal = true, .layout = AttentionLayout::bshd}},
+      {{1, 2, 70, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}, {}, {.causal = true}},
+      {{1, 2, 200, 64}, {1, 2, 70, 64}, {1, 2, 70, 64}, {}, {.causal = true, .bottom_right = false}},
+      {{1, 2, 96, 256}, {1, 2, 96, 256}, {1, 2, 96, 256}, {}, {.causal = true}},
+  };
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
+    const Case& k = cases[c];
+    const auto operand = [&](const Shape& shape) { return constant(zeros<T>(shape, test::gpu)); };
+    const nn::AttentionKernels kernels =
+        nn::dot_product_attention_kernels(operand(k.q), operand(k.k), operand(k.v), k.options);
+    if constexpr (low_precision) {
+      CHECK(kernels.forward == "cudnn");
+      CHECK(kernels.backward == "cudnn");
+    } else {
+      CHECK(kernels.forward == std::string("tapegrad: dtype ") + dtype_name(dtype_v<T>));
+    }
+    check_against_cpu<T>(
+        "dot_product_attention",
+        [&](const auto& v) { return nn::dot_product_attention(v[0], v[1], v[2], k.options); },
+        {{k.q}, {k.k}, {k.v}}, tolerance<T>, 30 + c);
+  }
+}
+
+// A fused projection on cuDNN: packed by blocks (read in place) or by kv groups (q's heads gathered into a copy, its
+// gradient scattered back).
+TEST_CASE_TEMPLATE("dot_product_attention_qkv on cuDNN matches the cpu in double, packed by blocks or groups", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  if (!cudnn_runs_here()) return;
+  for (const nn::QkvPacking packing : {nn::QkvPacking::blocks, nn::QkvPacking::groups}) {
+    CAPTURE(int(packing));
+    const nn::AttentionOptions options{.causal = true, .packing = packing};
+    const nn::AttentionKernels kernels =
+        nn::dot_product_attention_qkv_kernels(constant(zeros<T>({2, 65, 8 * 64}, test::gpu)), 4, 2, options);
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) CHECK(kernels.backward == "cudnn");
+    check_against_cpu<T>(
+        "dot_product_attention_qkv",
+        [&](const auto& v) { return nn::dot_product_attention_qkv(v[0], 4, 2, options); }, {{{2, 65, 8 * 64}}},
+        tolerance<T>, 6);
+  }
+}
+
+TEST_CASE("dot_product_attention on cuDNN: deterministic gives the same bits run after run; calls it does not take "
+          "say why") {
+  if (!cudnn_runs_here()) return;
+  const Device gpu = test::gpu;
+  const Var<bf16> q = param(randn<bf16>({2, 8, 1024, 128}, 1, 0.0, 1.0, gpu)),
+                  k = param(randn<bf16>({2, 2, 1024, 128}, 2, 0.0, 1.0, gpu)),
+                  v = param(randn<bf16>({2, 2, 1024, 128}, 3, 0.0, 1.0, gpu));
+  const Tensor<bf16> dy = randn<bf16>({2, 8, 1024, 128}, 4, 0.0, 1.0, gpu);
+  const nn::AttentionOptions options{.causal = true, .deterministic = true};
+  CHECK(nn::dot_product_attention_kernels(q, k, v, options).backward == "cudnn");
+  const auto gradients = [&] {
+    backward(nn::dot_product_attention(q, k, v, options), dy);
+    std::vector<Tensor<bf16>> out;
+    for (Var<bf16> x : {q, k, v}) {
+      out.push_back(x.grad().to(Device::cpu()));
+      x.zero_grad();
+    }
+    return out;
+  };
+  const std::vector<Tensor<bf16>> first = gradients(), second = gradients();
+  for (std::size_t i = 0; i < first.size(); ++i) CHECK(test::bitwise_equal(first[i], second[i]));
+
+  CHECK(nn::dot_product_attention_kernels(q, k, v, {.dropout = 0.1}).forward ==
+        "tapegrad: dropout (cuDNN draws its own numbers)");
+  CHECK(nn::dot_product_attention_kernels(q, k, v, {.kv_lengths = {5, 7}}).forward == "tapegrad: per-batch lengths");
+  cuda::set_attention_kernels(cuda::AttentionKernels::tapegrad);
+  CHECK(nn::dot_product_attention_kernels(q, k, v).forward == "tapegrad: chosen by set_attention_kernels");
+  cuda::set_attention_kernels(cuda::AttentionKernels::cudnn_where_it_applies);
+}
+
+TEST_CASE("dot_product_attention on cuDNN: memory linear in S") {
+  if (!cudnn_runs_here()) return;
+  const Device gpu = test::gpu;
+  const std::int64_t S = 8192, D = 64;
+  const Var<bf16> q = param(randn<bf16>({1, 2, S, D}, 1, 0.0, 1.0, gpu));
+  const Tensor<bf16> dy = randn<bf16>({1, 2, S, D}, 4, 0.0, 1.0, gpu);
+  backward(nn::dot_product_attention(q, q, q, {.causal = true}), dy);  // compiles the plans
+  cuda::synchronize(0);
+  cuda::reset_peak_memory(0);
+  const std::size_t before = cuda::memory_stats(0).in_use;
+  backward(nn::dot_product_attention(q, q, q, {.causal = true}), dy);
+  cuda::synchronize(0);
+  // O, the gradients, the row statistics and dq's f32 sum: a few S·D; one S × S matrix of f32 would be 256 MiB.
+  CHECK(cuda::memory_stats(0).peak_in_use - before < std::size_t{16} * S * D * 2 * sizeof(float));
 }
 
 TEST_CASE("dot_product_attention on the GPU: the same bits run after run, memory linear in S") {

@@ -82,7 +82,8 @@ Var<U> attend_heads(const Var<U>& qkv, const MultiHeadAttentionConfig& config, c
                                     .kv_lengths = call.lengths,
                                     .dropout = call.dropout_seed ? config.dropout : 0.0,
                                     .dropout_seed = dropout_seed,
-                                    .packing = QkvPacking::groups});
+                                    .packing = QkvPacking::groups,
+                                    .deterministic = config.deterministic});
 }
 
 }  // namespace detail

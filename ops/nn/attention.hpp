@@ -32,6 +32,7 @@ struct MultiHeadAttentionConfig {
   bool causal = false;
   std::int64_t window_left = -1, window_right = -1;  // a sliding window (dot_product_attention's)
   double dropout = 0;                 // on the probabilities, in calls that pass a dropout seed
+  bool deterministic = false;         // the GPU backward in the same bits every run (dot_product_attention's)
   std::optional<RopeOptions> rope{};  // rotary embeddings of q and k (the module sets layout and which heads turn)
   bool input_norm = true;             // false: the qkv projection is a Dense of x itself
   bool use_bias = true;               // biases of the qkv and out projections

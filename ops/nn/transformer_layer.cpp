@@ -10,6 +10,7 @@ MultiHeadAttentionConfig attention_config(const TransformerLayerConfig& config) 
           .window_left = config.window_left,
           .window_right = config.window_right,
           .dropout = config.attention_dropout,
+          .deterministic = config.deterministic,
           .rope = config.rope,
           .input_norm = !config.output_norm,
           .use_bias = config.use_bias,

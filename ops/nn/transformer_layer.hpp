@@ -31,6 +31,7 @@ struct TransformerLayerConfig {
   bool causal = true;
   std::int64_t window_left = -1, window_right = -1;
   double attention_dropout = 0;       // in calls that pass a dropout seed
+  bool deterministic = false;         // the attention's GPU backward in the same bits every run
   std::optional<RopeOptions> rope{};  // rotary embeddings of q and k
   bool use_bias = true;
   Initializer kernel_init = Initializer::lecun_normal();

@@ -1,0 +1,21 @@
+// The cuDNN attention entry points of a build that found no cuDNN headers (meson.build): every problem runs on
+// tapegrad's own kernels.
+#include "tapegrad/cuda/cudnn_attention.hpp"
+
+namespace tapegrad::cuda {
+
+std::string cudnn_attention_refusal(DType, const attention::Problem&, bool, int) {
+  return "tapegrad was built without cuDNN's headers";
+}
+
+bool cudnn_attention_forward(DType, const attention::Problem&, const void*, const void*, const void*, void*, void*,
+                             int) {
+  return false;
+}
+
+bool cudnn_attention_backward(DType, const attention::Problem&, const void*, const void*, const void*, const void*,
+                              const void*, const void*, void*, void*, void*, void*, int) {
+  return false;
+}
+
+}  // namespace tapegrad::cuda

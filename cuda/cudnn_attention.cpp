@@ -1,0 +1,391 @@
+// The scaled-dot-product-attention graphs of cuDNN 9, forward and backward, written out as cudnn-frontend expands
+// them (its CompositeSDPANode and CompositeSDPABackwardNode): cuDNN's fused engines recognize a graph by its shape,
+// so the order of the operations, the types of the intermediate tensors, k and v described transposed and the
+// probabilities cast to the I/O type before their product are all as the frontend writes them. The forward keeps
+// each row's log-sum-exp (cuDNN's "stats": the natural log of the scaled, masked scores' sum, f32 [B, Hq, Sq]), which
+// is what tapegrad's kernels save too: a forward on one engine and a backward on the other agree.
+#include "tapegrad/cuda/cudnn_attention.hpp"
+
+#include <cfloat>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "tapegrad/cuda/cudnn_graph.hpp"
+#include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/gpu/detail/on_device.cuh"
+#include "tapegrad/tensor/gpu/memory.hpp"
+
+namespace tapegrad::cuda {
+
+namespace {
+
+using attention::Problem;
+using attention::RowStrides;
+using cudnn::Dims;
+using cudnn::Graph;
+using cudnn::TensorRef;
+
+constexpr cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+
+enum Uid : std::int64_t {
+  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, scale_uid, minus_inf_uid, q_length_uid, kv_length_uid,
+  dout_uid, dq_uid, dk_uid, dv_uid, one_uid, softmax_sum_uid, dq_sum_uid
+};
+
+// A layout's strides [batch, head, row, element] as a rank-4 tensor's, or none for q's heads packed by kv group,
+// which need a fifth axis.
+std::optional<Dims> strides_of(const RowStrides& r) {
+  if (r.group != 1 && r.group_skip != 0) return std::nullopt;
+  return Dims{r.batch, r.head + (r.group == 1 ? r.group_skip : 0), r.row, 1};
+}
+
+// Where q's copy gathered from packed groups keeps it: [B, Sq, Hq, D] rows.
+Dims gathered_q(const Problem& p) { return {p.Sq * p.q_heads * p.D, p.D, p.q_heads * p.D, 1}; }
+
+// Everything a plan depends on.
+struct Key {
+  bool backward = false;
+  int device = 0;
+  DType dtype{};
+  std::int64_t batch = 0, q_heads = 0, kv_heads = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
+  Dims q, k, v, o;
+  bool causal = false, bottom_right = false, deterministic = false;  // bottom_right: a shifted diagonal (Sq < Sk)
+  auto operator<=>(const Key&) const = default;
+};
+
+Key key_of(DType dtype, const Problem& p, bool backward, int device) {
+  const std::optional<Dims> q = strides_of(p.q);
+  return {.backward = backward, .device = device, .dtype = dtype, .batch = p.batch, .q_heads = p.q_heads,
+          .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv, .q = q ? *q : gathered_q(p),
+          .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o), .causal = p.causal,
+          .bottom_right = p.causal && p.bottom_right && p.Sq != p.Sk, .deterministic = backward && p.deterministic};
+}
+
+bool rows_on_16_bytes(const RowStrides& r, bool gathered) {
+  const std::optional<Dims> s = strides_of(r);
+  if (gathered && !s) return true;  // read by the gather, whose copy is aligned
+  return s && r.offset % 8 == 0 && (*s)[0] % 8 == 0 && (*s)[1] % 8 == 0 && (*s)[2] % 8 == 0;
+}
+
+// Why cuDNN's graphs cannot express the problem (before asking cuDNN itself); empty when they can.
+std::string unexpressible(DType dtype, const Problem& p, bool backward) {
+  if (!cudnn::api()) return detail::concat("cuDNN could not be loaded: ", cudnn::unavailable());
+  if (dtype != DType::bf16 && dtype != DType::f16) return detail::concat("dtype ", dtype_name(dtype));
+  if (p.dropout > 0) return "dropout (cuDNN draws its own numbers)";
+  if (p.has_bias) return "a bias";
+  if (p.q_lengths || p.kv_lengths) return "per-batch lengths";
+  if (p.window_left >= 0 || p.window_right >= 0) return "a sliding window";
+  if (p.D % 8 != 0 || p.Dv % 8 != 0 || p.D > 256 || p.Dv > 256) {
+    return detail::concat("head sizes ", p.D, " and ", p.Dv, " (cuDNN takes multiples of 8 up to 256)");
+  }
+  if (p.causal && p.bottom_right && p.Sq > p.Sk) return "a bottom-right causal mask with more queries than keys";
+  if (backward && p.Sq == 1 && p.Sk == 1) return "one query and one key";
+  if (!rows_on_16_bytes(p.q, true) || !rows_on_16_bytes(p.k, false) || !rows_on_16_bytes(p.v, false) ||
+      !rows_on_16_bytes(p.o, false)) {
+    return "rows that do not start on 16 bytes";
+  }
+  return {};
+}
+
+cudnnDataType_t io_type(DType dtype) { return dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+Dims transposed(const Dims& s) { return {s[0], s[1], s[3], s[2]}; }
+
+// The dims and strides of the scores [B, Hq, Sq, Sk], their transpose, and the rows' statistics [B, Hq, Sq, 1].
+struct Sizes {
+  Dims scores, scores_strides, transposed, transposed_strides, rows, row_strides;
+  explicit Sizes(const Key& k)
+      : scores{k.batch, k.q_heads, k.Sq, k.Sk},
+        scores_strides{k.q_heads * k.Sq * k.Sk, k.Sq * k.Sk, k.Sk, 1},
+        transposed{k.batch, k.q_heads, k.Sk, k.Sq},
+        transposed_strides{k.q_heads * k.Sq * k.Sk, k.Sq * k.Sk, 1, k.Sk},
+        rows{k.batch, k.q_heads, k.Sq, 1},
+        row_strides{k.q_heads * k.Sq, k.Sq, 1, 1} {}
+};
+
+// s where key ≤ query's diagonal, -inf elsewhere: the row index (moved by Sk - Sq to the bottom-right diagonal)
+// compared with the column's.
+TensorRef causal_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
+  const TensorRef minus_inf = g.scalar(minus_inf_uid, f32);
+  const TensorRef row = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, f32, 2);
+  const TensorRef column = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, column, f32, 3);
+  TensorRef diagonal = row;
+  if (key.bottom_right) {
+    const TensorRef plus_keys = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+    g.pointwise(CUDNN_POINTWISE_ADD, row, g.scalar(kv_length_uid, CUDNN_DATA_INT32), nullptr, plus_keys,
+                CUDNN_DATA_INT32);
+    diagonal = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+    g.pointwise(CUDNN_POINTWISE_SUB, plus_keys, g.scalar(q_length_uid, CUDNN_DATA_INT32), nullptr, diagonal,
+                CUDNN_DATA_INT32);
+  }
+  const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, diagonal, column, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  const TensorRef masked = g.virtual_tensor(f32, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, minus_inf, keep, masked);
+  return masked;
+}
+
+Graph forward_graph(const Key& key) {
+  Graph g;
+  const Sizes z(key);
+  const cudnnDataType_t io = io_type(key.dtype);
+  const TensorRef q = g.tensor(q_uid, io, {key.batch, key.q_heads, key.Sq, key.D}, key.q);
+  const TensorRef k_t = g.tensor(k_uid, io, {key.batch, key.kv_heads, key.D, key.Sk}, transposed(key.k));
+  const TensorRef v = g.tensor(v_uid, io, {key.batch, key.kv_heads, key.Sk, key.Dv}, key.v);
+  const TensorRef o = g.tensor(o_uid, io, {key.batch, key.q_heads, key.Sq, key.Dv}, key.o);
+  const TensorRef stats = g.tensor(stats_uid, f32, z.rows, z.row_strides);
+  const TensorRef scale = g.scalar(scale_uid, f32);
+
+  TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
+  g.matmul(q, k_t, s);
+  s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
+  if (key.causal) s = causal_mask(g, key, s, z);
+  const TensorRef max = g.virtual_tensor(f32, z.rows, z.row_strides);
+  g.reduce(CUDNN_REDUCE_TENSOR_MAX, s, max);
+  const TensorRef shifted = g.pointwise(CUDNN_POINTWISE_SUB, s, max, z.scores, z.scores_strides);
+  const TensorRef exps = g.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, z.scores, z.scores_strides);
+  const TensorRef sum = g.virtual_tensor(f32, z.rows, z.row_strides);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, exps, sum);
+  const TensorRef log_sum = g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, z.rows, z.row_strides);
+  g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, nullptr, stats);
+  const TensorRef probabilities = g.virtual_tensor(io, z.scores, z.scores_strides);  // the I/O type, as the
+  g.pointwise(CUDNN_POINTWISE_DIV, exps, sum, nullptr, probabilities);                 // product's A must be
+  g.matmul(probabilities, v, o);
+  return g;
+}
+
+// out [B, Hkv, Sk, width] = a·b [B, Hq, Sk, width] summed over each kv head's group of q heads.
+void product_over_groups(Graph& g, const Key& key, TensorRef a, TensorRef b, TensorRef out, std::int64_t width) {
+  if (key.q_heads == key.kv_heads) {
+    g.matmul(a, b, out);
+    return;
+  }
+  const TensorRef per_head = g.virtual_tensor(io_type(key.dtype), {key.batch, key.q_heads, key.Sk, width},
+                                              {key.q_heads * key.Sk * width, key.Sk * width, width, 1});
+  g.matmul(a, b, per_head);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, per_head, out);
+}
+
+Graph backward_graph(const Key& key) {
+  Graph g;
+  const Sizes z(key);
+  const cudnnDataType_t io = io_type(key.dtype);
+  const Dims q_dims{key.batch, key.q_heads, key.Sq, key.D}, o_dims{key.batch, key.q_heads, key.Sq, key.Dv};
+  const TensorRef q = g.tensor(q_uid, io, q_dims, key.q);
+  const TensorRef k_t = g.tensor(k_uid, io, {key.batch, key.kv_heads, key.D, key.Sk}, transposed(key.k));
+  const TensorRef v_t = g.tensor(v_uid, io, {key.batch, key.kv_heads, key.Dv, key.Sk}, transposed(key.v));
+  const TensorRef o = g.tensor(o_uid, io, o_dims, key.o);
+  const TensorRef dout = g.tensor(dout_uid, io, o_dims, key.o);
+  const TensorRef stats = g.tensor(stats_uid, f32, z.rows, z.row_strides);
+  const TensorRef dq = g.tensor(dq_uid, io, q_dims, key.q);
+  const TensorRef dk = g.tensor(dk_uid, io, {key.batch, key.kv_heads, key.Sk, key.D}, key.k);
+  const TensorRef dv = g.tensor(dv_uid, io, {key.batch, key.kv_heads, key.Sk, key.Dv}, key.v);
+  const TensorRef scale = g.scalar(scale_uid, f32);
+  const TensorRef one = g.scalar(one_uid, f32);
+
+  // Each row's Σ dout·o (FlashAttention's δ), kept in the caller's scratch. The frontend's strides for the product.
+  const TensorRef products = g.pointwise(CUDNN_POINTWISE_MUL, dout, o, o_dims,
+                                         {key.q_heads * key.Sq * key.Dv, key.Sq * key.Dv, key.q_heads * key.Dv, 1});
+  const TensorRef row_sums = g.virtual_tensor(f32, z.rows, z.row_strides);
+  g.reduce(CUDNN_REDUCE_TENSOR_ADD, products, row_sums);
+  const TensorRef delta = g.tensor(softmax_sum_uid, f32, z.rows, z.row_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, row_sums, one, nullptr, delta);
+
+  // The probabilities again, from the scores and the forward's log-sum-exp (the mask after the subtraction).
+  TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
+  g.matmul(q, k_t, s);
+  s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
+  s = g.pointwise(CUDNN_POINTWISE_SUB, s, stats, z.scores, z.scores_strides);
+  if (key.causal) s = causal_mask(g, key, s, z);
+  const TensorRef probabilities = g.pointwise(CUDNN_POINTWISE_EXP, s, nullptr, z.scores, z.scores_strides);
+
+  // dv = Pᵀ·dout
+  const TensorRef probabilities_t = g.virtual_tensor(io, z.transposed, z.transposed_strides);
+  g.reshape(probabilities, probabilities_t);
+  product_over_groups(g, key, probabilities_t, dout, dv, key.Dv);
+
+  // dS = scale · P ∘ (dout·vᵀ − δ)
+  const TensorRef dp = g.virtual_tensor(f32, z.scores, z.scores_strides);
+  g.matmul(dout, v_t, dp);
+  const TensorRef centered = g.pointwise(CUDNN_POINTWISE_SUB, dp, delta, z.scores, z.scores_strides);
+  const TensorRef weighted = g.pointwise(CUDNN_POINTWISE_MUL, centered, probabilities, z.scores, z.scores_strides);
+  const TensorRef ds = g.pointwise(CUDNN_POINTWISE_MUL, weighted, scale, z.scores, z.scores_strides);
+
+  // dk = dSᵀ·q
+  const TensorRef ds_t = g.virtual_tensor(io, z.transposed, z.transposed_strides);
+  g.reshape(ds, ds_t);
+  product_over_groups(g, key, ds_t, q, dk, key.D);
+
+  // dq = dS·k: straight into dq when deterministic, else through an f32 sum in scratch (cuDNN's faster way, whose
+  // order of additions varies).
+  const TensorRef k = g.virtual_tensor(io, {key.batch, key.kv_heads, key.Sk, key.D}, key.k);
+  g.reshape(k_t, k);
+  if (key.deterministic) {
+    g.matmul(ds, k, dq);
+  } else {
+    const TensorRef dq_sum =
+        g.tensor(dq_sum_uid, f32, q_dims, {key.q_heads * key.Sq * key.D, key.Sq * key.D, key.D, 1});
+    g.matmul(ds, k, dq_sum);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_sum, nullptr, nullptr, dq);
+  }
+  return g;
+}
+
+// A problem's plan, or why there is none.
+struct Entry {
+  std::unique_ptr<cudnn::Plan> plan;
+  std::string refusal;
+};
+
+// The entry of `key`, its plan compiled on first use (under the lock: compiling takes a fraction of a second once).
+const Entry& entry(const Key& key) {
+  static std::mutex mutex;
+  static std::map<Key, Entry> entries;
+  const std::lock_guard lock(mutex);
+  const auto [at, inserted] = entries.try_emplace(key);
+  if (inserted) {
+    try {
+      const OnDevice on(key.device);
+      at->second.plan = std::make_unique<cudnn::Plan>(key.backward ? backward_graph(key) : forward_graph(key),
+                                                      cudnn::handle(key.device));
+    } catch (const cudnn::Refused& refused) {
+      at->second.refusal = refused.what;
+    } catch (...) {
+      entries.erase(at);
+      throw;
+    }
+  }
+  return at->second;
+}
+
+// The plan for the problem, null with `refusal` set when cuDNN does not run it.
+const cudnn::Plan* plan_for(DType dtype, const Problem& p, bool backward, int device, std::string& refusal) {
+  refusal = unexpressible(dtype, p, backward);
+  if (!refusal.empty()) return nullptr;
+  const Entry& e = entry(key_of(dtype, p, backward, device));
+  refusal = e.refusal;
+  return e.plan.get();
+}
+
+const void* at(const void* base, const RowStrides& r, DType dtype) {
+  return static_cast<const char*>(base) + r.offset * static_cast<std::int64_t>(dtype_size(dtype));
+}
+void* at(void* base, const RowStrides& r, DType dtype) {
+  return static_cast<char*>(base) + r.offset * static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+// q's heads packed by kv group <-> the gathered copy's rows (gathered_q): the axes [B, Sq, Hkv, G, D].
+std::vector<CopyAxis> group_axes(const Problem& p, bool gather) {
+  const std::int64_t G = p.q_heads / p.kv_heads;
+  const RowStrides& r = p.q;
+  const std::int64_t packed[] = {r.batch, r.row, G * r.head + r.group_skip, r.head, 1};
+  const std::int64_t dense[] = {p.Sq * p.q_heads * p.D, p.q_heads * p.D, G * p.D, p.D, 1};
+  const std::int64_t dims[] = {p.batch, p.Sq, p.kv_heads, G, p.D};
+  std::vector<CopyAxis> axes;
+  for (int a = 0; a < 5; ++a) axes.push_back({dims[a], gather ? packed[a] : dense[a], gather ? dense[a] : packed[a]});
+  return axes;
+}
+
+// Runs a plan on the device's current stream. The handle is shared by the threads: its stream is set and used
+// under a lock.
+void run(const cudnn::Plan& plan, int device, const std::vector<cudnn::Binding>& bindings) {
+  const OnDevice on(device);
+  const Scratch workspace(static_cast<std::size_t>(plan.workspace_bytes()), device);
+  static std::mutex mutex;
+  const std::lock_guard lock(mutex);
+  const cudnnHandle_t handle = cudnn::handle(device);
+  if (const cudnnStatus_t status = cudnn::api()->set_stream(handle, current_stream(device));
+      status != CUDNN_STATUS_SUCCESS) {
+    throw Error(detail::concat("cudnnSetStream on cuda:", device, ": ", cudnn::describe(status)));
+  }
+  plan.execute(handle, bindings, workspace.data());
+}
+
+std::size_t q_bytes(DType dtype, const Problem& p) {
+  return static_cast<std::size_t>(p.batch * p.Sq * p.q_heads * p.D) * dtype_size(dtype);
+}
+
+// What every plan of a problem reads, bound to its uids: q (gathered into a copy when its heads are packed by kv
+// group), k, v, o, the row statistics, and the scalars, read by host pointer (so they live here until the plan is
+// queued).
+class Inputs {
+ public:
+  Inputs(DType dtype, const Problem& p, const void* q, const void* k, const void* v, const void* o,
+         const void* log_sums, int device)
+      : gathered(!strides_of(p.q)),
+        scale_(static_cast<float>(p.scale)),
+        // cuDNN before 9.10 needs a finite mask value
+        minus_inf_(cudnn::api()->version() >= 91000 ? -INFINITY : -FLT_MAX),
+        queries_(static_cast<std::int32_t>(p.Sq)),
+        keys_(static_cast<std::int32_t>(p.Sk)),
+        q_copy_(gathered ? q_bytes(dtype, p) : 0, device) {
+    if (gathered) strided_copy(dtype, at(q, p.q, dtype), q_copy_.data(), group_axes(p, true), device);
+    bindings = {{scale_uid, &scale_},
+                {minus_inf_uid, &minus_inf_},
+                {one_uid, &one_},
+                {q_length_uid, &queries_},
+                {kv_length_uid, &keys_},
+                {q_uid, gathered ? q_copy_.data() : at(q, p.q, dtype)},
+                {k_uid, at(k, p.k, dtype)},
+                {v_uid, at(v, p.v, dtype)},
+                {o_uid, at(o, p.o, dtype)},
+                {stats_uid, log_sums}};
+  }
+  Inputs(const Inputs&) = delete;
+  Inputs& operator=(const Inputs&) = delete;
+
+  const bool gathered;
+  std::vector<cudnn::Binding> bindings;
+
+ private:
+  float scale_, minus_inf_, one_ = 1;
+  std::int32_t queries_, keys_;
+  Scratch q_copy_;
+};
+
+}  // namespace
+
+std::string cudnn_attention_refusal(DType dtype, const Problem& p, bool backward, int device) {
+  std::string refusal;
+  plan_for(dtype, p, backward, device, refusal);
+  return refusal;
+}
+
+bool cudnn_attention_forward(DType dtype, const Problem& p, const void* q, const void* k, const void* v, void* o,
+                             void* log_sums, int device) {
+  std::string refusal;
+  const cudnn::Plan* plan = plan_for(dtype, p, false, device, refusal);
+  if (!plan) return false;
+  const Inputs inputs(dtype, p, q, k, v, o, log_sums, device);
+  run(*plan, device, inputs.bindings);
+  return true;
+}
+
+bool cudnn_attention_backward(DType dtype, const Problem& p, const void* q, const void* k, const void* v,
+                              const void* o, const void* log_sums, const void* dout, void* delta, void* dq, void* dk,
+                              void* dv, int device) {
+  std::string refusal;
+  const cudnn::Plan* plan = plan_for(dtype, p, true, device, refusal);
+  if (!plan) return false;
+  Inputs inputs(dtype, p, q, k, v, o, log_sums, device);
+  const Scratch dq_copy(inputs.gathered ? q_bytes(dtype, p) : 0, device);
+  const Scratch dq_sum(p.deterministic ? 0 : static_cast<std::size_t>(p.batch * p.q_heads * p.Sq * p.D) * sizeof(float),
+                       device);
+  inputs.bindings.insert(inputs.bindings.end(), {{dout_uid, at(dout, p.o, dtype)},
+                                                 {softmax_sum_uid, delta},
+                                                 {dq_sum_uid, dq_sum.data()},
+                                                 {dq_uid, inputs.gathered ? dq_copy.data() : at(dq, p.q, dtype)},
+                                                 {dk_uid, at(dk, p.k, dtype)},
+                                                 {dv_uid, at(dv, p.v, dtype)}});
+  run(*plan, device, inputs.bindings);
+  if (inputs.gathered) strided_copy(dtype, dq_copy.data(), at(dq, p.q, dtype), group_axes(p, false), device);
+  return true;
+}
+
+}  // namespace tapegrad::cuda

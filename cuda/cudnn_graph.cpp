@@ -1,0 +1,200 @@
+// Building cuDNN backend graphs and plans (see cudnn_graph.hpp): the calls cudnn-frontend makes, written out.
+#include "tapegrad/cuda/cudnn_graph.hpp"
+
+#include <algorithm>
+
+#include "tapegrad/tensor/core/error.hpp"
+
+namespace tapegrad::cuda::cudnn {
+
+namespace {
+
+void require(cudnnStatus_t status, const char* step) {
+  if (status != CUDNN_STATUS_SUCCESS) throw Refused{detail::concat(step, ": ", describe(status))};
+}
+
+// The attributes that tie a graph or a plan to a handle: needed before cuDNN 9.8, deprecated since (hence the raw
+// values), ignored where a later version no longer knows them.
+constexpr auto operation_graph_handle = static_cast<cudnnBackendAttributeName_t>(800);
+constexpr auto plan_handle = static_cast<cudnnBackendAttributeName_t>(400);
+
+}  // namespace
+
+Descriptor::Descriptor(cudnnBackendDescriptorType_t type) {
+  require(api()->create_descriptor(type, &d_), "cudnnBackendCreateDescriptor");
+}
+
+Descriptor::~Descriptor() {
+  if (d_) api()->destroy_descriptor(d_);
+}
+
+Descriptor& Descriptor::set_values(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                                   std::int64_t count, const void* values) {
+  require(api()->set_attribute(d_, name, type, count, values), "cudnnBackendSetAttribute");
+  return *this;
+}
+
+Descriptor& Descriptor::finalize() {
+  require(api()->finalize(d_), "cudnnBackendFinalize");
+  return *this;
+}
+
+TensorRef Graph::add_tensor(std::int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides,
+                            bool is_virtual, bool by_value) {
+  Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const std::int64_t alignment = 16;
+  const auto rank = static_cast<std::int64_t>(dims.size());
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, type)
+      .set_values(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data())
+      .set_values(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data())
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid)
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, alignment);
+  if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, true);
+  if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, true);
+  t.finalize();
+  if (!is_virtual) uids_.push_back(uid);
+  return tensors_.emplace_back(std::move(t)).get();
+}
+
+TensorRef Graph::tensor(std::int64_t uid, cudnnDataType_t type, Dims dims, Dims strides) {
+  return add_tensor(uid, type, dims, strides, false, false);
+}
+
+TensorRef Graph::virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides) {
+  return add_tensor(next_virtual_uid_++, type, dims, strides, true, false);
+}
+
+TensorRef Graph::scalar(std::int64_t uid, cudnnDataType_t type) {
+  return add_tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+}
+
+void Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, TensorRef t, TensorRef y,
+                      cudnnDataType_t precision, std::int64_t axis) {
+  Descriptor p(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  p.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode)
+      .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, precision);
+  if (mode == CUDNN_POINTWISE_GEN_INDEX) p.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, axis);
+  p.finalize();
+  Descriptor op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  const float one = 1;
+  op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, p.get())
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x)
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+  if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b);
+  if (t) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, t);
+  op.set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, one)
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, one)
+      .finalize();
+  parts_.push_back(std::move(p));
+  operations_.push_back(std::move(op));
+}
+
+TensorRef Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, const Dims& dims, const Dims& strides) {
+  const TensorRef y = virtual_tensor(CUDNN_DATA_FLOAT, dims, strides);
+  pointwise(mode, x, b, nullptr, y);
+  return y;
+}
+
+void Graph::matmul(TensorRef a, TensorRef b, TensorRef c) {
+  Descriptor m(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+  m.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT).finalize();
+  Descriptor op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+  op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, a)
+      .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b)
+      .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, c)
+      .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, m.get())
+      .finalize();
+  parts_.push_back(std::move(m));
+  operations_.push_back(std::move(op));
+}
+
+void Graph::reduce(cudnnReduceTensorOp_t reduction, TensorRef x, TensorRef y) {
+  Descriptor r(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, reduction)
+      .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT)
+      .finalize();
+  Descriptor op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x)
+      .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y)
+      .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, r.get())
+      .finalize();
+  parts_.push_back(std::move(r));
+  operations_.push_back(std::move(op));
+}
+
+void Graph::reshape(TensorRef x, TensorRef y) {
+  Descriptor op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+  op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x)
+      .set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y)
+      .finalize();
+  operations_.push_back(std::move(op));
+}
+
+std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const Descriptor& op : operations_) ops.push_back(op.get());
+  return ops;
+}
+
+Plan::Plan(Graph graph, cudnnHandle_t handle) : graph_(std::move(graph)) {
+  const std::vector<cudnnBackendDescriptor_t> ops = graph_.operations();
+  operation_graph_.set_values(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                              static_cast<std::int64_t>(ops.size()), ops.data());
+  api()->set_attribute(operation_graph_.get(), operation_graph_handle, CUDNN_TYPE_HANDLE, 1, &handle);
+  operation_graph_.finalize();
+
+  Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, operation_graph_.get())
+      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, CUDNN_HEUR_MODE_A)
+      .finalize();
+  std::int64_t count = 0;
+  require(api()->get_attribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                               &count, nullptr),
+          "the heuristics' count");
+  // cuDNN fills descriptors the caller made.
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (std::int64_t i = 0; i < count; ++i) raw.push_back(configs_.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+  require(api()->get_attribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                               &count, raw.data()),
+          "the heuristics' choices");
+  std::string failures;
+  for (std::int64_t i = 0; i < count && !plan_; ++i) {
+    auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    api()->set_attribute(plan->get(), plan_handle, CUDNN_TYPE_HANDLE, 1, &handle);
+    plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, raw[static_cast<std::size_t>(i)]);
+    // Finalizing compiles the engine's kernel (NVRTC): a choice that does not compile here is skipped.
+    if (const cudnnStatus_t status = api()->finalize(plan->get()); status != CUDNN_STATUS_SUCCESS) {
+      failures += detail::concat(failures.empty() ? "" : "; ", describe(status));
+      continue;
+    }
+    plan_ = std::move(plan);
+  }
+  if (!plan_) throw Refused{detail::concat("none of cuDNN's ", count, " engine choices compiled: ", failures)};
+  require(api()->get_attribute(plan_->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
+                               &workspace_),
+          "the plan's workspace size");
+}
+
+void Plan::execute(cudnnHandle_t handle, std::span<const Binding> bindings, void* workspace) const {
+  const std::span<const std::int64_t> uids = graph_.uids();
+  std::vector<void*> pointers;
+  for (const std::int64_t uid : uids) {
+    const auto bound = std::find_if(bindings.begin(), bindings.end(), [&](const Binding& b) { return b.uid == uid; });
+    check(bound != bindings.end(), "cudnn", "no memory was bound to the plan's tensor ", uid);
+    pointers.push_back(const_cast<void*>(bound->pointer));  // cuDNN's variant pack takes void* for inputs too
+  }
+  try {
+    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    pack.set_values(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(uids.size()),
+                    uids.data())
+        .set_values(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                    static_cast<std::int64_t>(pointers.size()), pointers.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace)
+        .finalize();
+    require(api()->execute(handle, plan_->get(), pack.get()), "cudnnBackendExecute");
+  } catch (const Refused& refused) {
+    throw Error(detail::concat("cuDNN failed to run a plan it had compiled: ", refused.what));
+  }
+}
+
+}  // namespace tapegrad::cuda::cudnn

@@ -1,0 +1,101 @@
+// An operation graph of cuDNN's backend API and its execution plan, as fused attention builds them
+// (cuda/cudnn_attention.cpp). The graph owns every descriptor it makes, and the plan owns the graph: cuDNN's plans
+// refer to them for as long as they live.
+//
+// cuDNN's fused engines recognize a graph by its shape, so a graph that does not match one is refused, not run
+// slowly: building throws Refused, which the caller turns into a fall back to tapegrad's own kernels.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tapegrad/cuda/cudnn_library.hpp"
+
+namespace tapegrad::cuda::cudnn {
+
+// cuDNN declined a graph or a step of building it; what says which and cuDNN's message.
+struct Refused {
+  std::string what;
+};
+
+// One backend descriptor, destroyed with its owner.
+class Descriptor {
+ public:
+  explicit Descriptor(cudnnBackendDescriptorType_t type);
+  ~Descriptor();
+  Descriptor(Descriptor&& other) noexcept : d_(std::exchange(other.d_, nullptr)) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Descriptor& operator=(Descriptor&&) = delete;
+
+  template <class V> Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const V& v) {
+    return set_values(name, type, 1, &v);
+  }
+  Descriptor& set_values(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, std::int64_t count,
+                         const void* values);
+  Descriptor& finalize();
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+using Dims = std::vector<std::int64_t>;
+using TensorRef = cudnnBackendDescriptor_t;
+
+class Graph {
+ public:
+  // A tensor bound to memory at execution by its uid; a virtual one lives inside the fused kernel.
+  TensorRef tensor(std::int64_t uid, cudnnDataType_t type, Dims dims, Dims strides);
+  TensorRef virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides);
+  // A [1, 1, 1, 1] value passed by host pointer at execution.
+  TensorRef scalar(std::int64_t uid, cudnnDataType_t type);
+
+  // y = mode(x[, b[, t]]) elementwise, computed in `precision`; GEN_INDEX takes the axis it indexes.
+  void pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, TensorRef t, TensorRef y,
+                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, std::int64_t axis = -1);
+  TensorRef pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, const Dims& dims, const Dims& strides);
+  void matmul(TensorRef a, TensorRef b, TensorRef c);       // c = a·b over the last two axes, f32 accumulation
+  void reduce(cudnnReduceTensorOp_t op, TensorRef x, TensorRef y);  // over the axes where y's size is 1
+  void reshape(TensorRef x, TensorRef y);                   // y: x's elements under other dims and strides
+
+  std::span<const std::int64_t> uids() const { return uids_; }
+  std::vector<cudnnBackendDescriptor_t> operations() const;
+
+ private:
+  TensorRef add_tensor(std::int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides, bool is_virtual,
+                       bool by_value);
+  std::vector<Descriptor> tensors_, parts_, operations_;
+  std::vector<std::int64_t> uids_;
+  std::int64_t next_virtual_uid_ = std::int64_t{1} << 40;
+};
+
+struct Binding {
+  std::int64_t uid;
+  const void* pointer;
+};
+
+// A graph's execution plan: the first of cuDNN's heuristic choices that compiles for this device.
+class Plan {
+ public:
+  // Throws Refused when cuDNN rejects the graph or no choice compiles.
+  Plan(Graph graph, cudnnHandle_t handle);
+  std::int64_t workspace_bytes() const { return workspace_; }
+  // Queues the plan on the handle's stream, each of the graph's tensors bound to its pointer (device memory; host
+  // memory for a scalar, read as the work is queued). Bindings of uids the graph lacks are ignored.
+  void execute(cudnnHandle_t handle, std::span<const Binding> bindings, void* workspace) const;
+
+ private:
+  Graph graph_;
+  Descriptor operation_graph_{CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR};
+  std::vector<Descriptor> configs_;
+  std::unique_ptr<Descriptor> plan_;
+  std::int64_t workspace_ = 0;
+};
+
+}  // namespace tapegrad::cuda::cudnn
