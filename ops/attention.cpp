@@ -1,8 +1,10 @@
 // dot_product_attention as one node: its geometry (layouts as row strides, cuda/attention_problem.hpp), the checks,
-// the kernels (CPU: ops/detail/flash_attention.hpp; GPU: cuda/attention.cu), and the composite of recorded ops whose
-// VJP is the node's recorded backward (create_graph), so that the second derivative exists.
+// the kernels (CPU: ops/detail/flash_attention.hpp; GPU: cuda/attention.cu and cuDNN's), and its recorded backward
+// (create_graph): on the cpu one node whose backward is the fused second-order pass, on the GPU the VJP of the
+// composite of recorded ops; the composite's VJP also differentiates the cpu's node, for a third derivative.
 #include "tapegrad/ops/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,7 +15,7 @@
 #include "tapegrad/cuda/attention_problem.hpp"
 #include "tapegrad/cuda/cudnn_attention.hpp"
 #include "tapegrad/cuda/settings.hpp"
-#include "tapegrad/ops/detail/flash_attention.hpp"
+#include "tapegrad/ops/detail/flash_attention_second.hpp"
 #include "tapegrad/ops/detail/head_layout.hpp"
 #include "tapegrad/ops/detail/unfused.hpp"
 #include "tapegrad/ops/layout.hpp"
@@ -316,6 +318,90 @@ AttentionKernels kernels_of(DType dtype, Device device, const Geometry& g, const
   return {choice(false), choice(true)};
 }
 
+// Where the recorded backward node lays each input's gradient in its one output row: the inputs' in order.
+template <class T> std::vector<std::int64_t> gradient_offsets(const std::vector<Tensor<T>>& inputs) {
+  std::vector<std::int64_t> offsets{0};
+  for (const Tensor<T>& x : inputs) offsets.push_back(offsets.back() + x.numel());
+  return offsets;
+}
+
+// The composite's gradients (recorded ops) laid end to end as the recorded backward node lays them: what that node's
+// own recorded backward differentiates, so that a third derivative exists (it materializes the S × S scores).
+template <class T>
+Var<T> composite_gradients(const std::vector<Var<T>>& x, const Geometry& g, const std::vector<std::int64_t>& q_lengths,
+                           const std::vector<std::int64_t>& kv_lengths) {
+  const std::vector<Var<T>> in(x.begin(), x.end() - 1);
+  const std::vector<Var<T>> grads = composite_vjp<T>(
+      [&](const std::vector<Var<T>>& y) { return composite(y, g, q_lengths, kv_lengths); }, in, x.back());
+  std::vector<Var<T>> rows;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    const Var<T> gk = grads[k].defined() ? grads[k] : constant(zeros<T>(in[k].shape(), in[k].device()));
+    rows.push_back(reshape(gk, {in[k].numel()}));
+  }
+  return concat(rows, 0);
+}
+
+template <class T> struct RecordedBackwardSaved {
+  AttentionSaved<T> forward;
+  Tensor<T> dy;
+};
+
+// The recorded backward node's backward: the gradients of <g, the backward's gradients> in every input and dy, by
+// the fused second-order pass (ops/detail/flash_attention_second.hpp). g's parts lie at `offsets`.
+template <class T>
+std::vector<Tensor<T>> attention_second_order(const RecordedBackwardSaved<T>& r, const std::vector<std::int64_t>& offsets,
+                                              const Tensor<T>& g) {
+  const AttentionSaved<T>& s = r.forward;
+  std::vector<Tensor<T>> grads;
+  for (const Tensor<T>& x : s.inputs) grads.emplace_back(x.shape());
+  Tensor<T> ddy(r.dy.shape());
+  const auto part = [&](std::size_t k) { return g.data() + offsets[s.geometry.packed ? 0 : k]; };
+  const auto grad = [&](std::size_t k) { return grads[s.geometry.packed ? 0 : k].data(); };
+  const T* gbias = s.bias() ? g.data() + offsets[s.operands()] : nullptr;
+  detail::attention_second_order(s.problem(), s.operand(0), s.operand(1), s.operand(2), s.bias(), s.o.data(),
+                                 s.log_sums.data(), r.dy.data(), {part(0), part(1), part(2), gbias}, grad(0), grad(1),
+                                 grad(2), s.bias() ? grads.back().data() : nullptr, ddy.data());
+  grads.push_back(ddy);
+  return grads;
+}
+
+// The cpu's create_graph backward: one node from (inputs..., dy) to every input's gradient, laid end to end in one
+// row and sliced into the inputs' shapes, whose backward is the fused second-order pass (memory linear in S).
+template <class T>
+std::vector<Var<T>> recorded_backward(const AttentionSaved<T>& s, const std::vector<Var<T>>& in, const Var<T>& dy) {
+  std::vector<Var<T>> x = in;
+  x.push_back(dy);
+  const std::vector<std::int64_t> offsets = gradient_offsets(s.inputs);
+  const Var<T> row = custom_op<RecordedBackwardSaved<T>>(
+      "dot_product_attention_backward",
+      [&](RecordedBackwardSaved<T>& r, const std::vector<Tensor<T>>& values) {
+        r = {s, values.back()};
+        const std::vector<Tensor<T>> grads =
+            attention_backward(s, NeedsGrad(std::vector<bool>(s.inputs.size(), true)), values.back());
+        Tensor<T> out({offsets.back()});
+        for (std::size_t k = 0; k < grads.size(); ++k) {
+          std::copy(grads[k].data(), grads[k].data() + grads[k].numel(), out.data() + offsets[k]);
+        }
+        return out;
+      },
+      [offsets](const RecordedBackwardSaved<T>& r, const NeedsGrad&, const Tensor<T>& g) {
+        return attention_second_order(r, offsets, g);
+      },
+      graph_backward([](const RecordedBackwardSaved<T>& r, const NeedsGrad&, const std::vector<Var<T>>& xs,
+                        const Var<T>& g) {
+        const AttentionSaved<T>& f = r.forward;
+        return composite_vjp<T>(
+            [&](const std::vector<Var<T>>& y) { return composite_gradients(y, f.geometry, f.q_lengths, f.kv_lengths); },
+            xs, g);
+      }),
+      x);
+  std::vector<Var<T>> grads;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    grads.push_back(reshape(slice(row, 0, offsets[k], offsets[k + 1]), in[k].shape().to_vector()));
+  }
+  return grads;
+}
+
 template <class T>
 Var<T> record(std::vector<Var<T>> inputs, Geometry geometry, const AttentionOptions& options) {
   const Geometry g = with_options(std::move(geometry), options, inputs.back());
@@ -339,6 +425,7 @@ Var<T> record(std::vector<Var<T>> inputs, Geometry geometry, const AttentionOpti
       },
       graph_backward([](const AttentionSaved<T>& s, const NeedsGrad&, const std::vector<Var<T>>& in,
                         const Var<T>& dy) {
+        if (dy.device().is_cpu()) return recorded_backward(s, in, dy);
         return composite_vjp<T>(
             [&](const std::vector<Var<T>>& x) { return composite(x, s.geometry, s.q_lengths, s.kv_lengths); }, in,
             dy);

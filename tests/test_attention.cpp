@@ -1,7 +1,8 @@
 // nn::dot_product_attention, the fused node: every option against a reference written here in double loops
 // (masks, bias, dropout drawn from rand_uniform of the seed), gradients by gradcheck in double, the recorded backward
-// (the composite's VJP) equal to the fused one, second derivatives by gradgradcheck, bf16/f16/f32 against double
-// under written tolerances, memory linear in S, the same bits on every thread count, and the errors.
+// equal to the fused one, second derivatives (the fused second-order pass) by gradgradcheck and third ones (the
+// composite's) through a gradient penalty, bf16/f16/f32 against double under written tolerances, memory linear in S
+// for gradients and Hessian-vector products, the same bits on every thread count, and the errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -270,6 +271,38 @@ TEST_CASE("dot_product_attention is twice differentiable: gradgradcheck in doubl
         gradgradcheck(loss_of(c, output_weights(c, inputs, seed)), inputs, {.fast_mode = true, .projections = 3});
     CHECK_MESSAGE(result.passed, result.report);
   });
+}
+
+// The gradient penalty |∂L/∂q|² differentiated twice more: the recorded backward node's own recorded backward.
+TEST_CASE("dot_product_attention is three times differentiable: gradgradcheck of a gradient penalty in double") {
+  for_each_case([](const Case& c, std::uint64_t seed) {
+    if (c.Sq > 16) return;
+    const std::vector<Tensor<double>> inputs = call_inputs<double>(c, draw(c, seed));
+    const GradcheckFunction loss = loss_of(c, output_weights(c, inputs, seed));
+    const GradcheckFunction penalty = [loss](const std::vector<Var<double>>& in) {
+      const Var<double> g = grad({loss(in)}, {in[0]}, {.create_graph = true})[0];
+      return sum(g * g);
+    };
+    const GradcheckResult result = gradgradcheck(penalty, inputs, {.fast_mode = true, .projections = 2});
+    CHECK_MESSAGE(result.passed, result.report);
+  });
+}
+
+TEST_CASE("a Hessian-vector product through dot_product_attention keeps memory linear in S on the cpu") {
+  const std::int64_t S = 2048, D = 16;
+  const Var<float> q = param(randn<float>({1, 1, S, D}, 1)), k = param(randn<float>({1, 1, S, D}, 2)),
+                   v = param(randn<float>({1, 1, S, D}, 3));
+  const Tensor<float> w = randn<float>({1, 1, S, D}, 4), u = randn<float>({1, 1, S, D}, 5);
+  reset_host_memory_peak();
+  const std::int64_t before = host_memory_stats().in_use_bytes;
+  const Var<float> loss = sum(nn::dot_product_attention(q, k, v, {.causal = true}) * constant(w));
+  const std::vector<Var<float>> g = grad({loss}, {q, k, v}, {.create_graph = true});
+  backward(Var<float>(sum(g[0] * constant(u)) + sum(g[1] * constant(u)) + sum(g[2] * constant(u))));
+  const std::int64_t extra = host_memory_stats().peak_in_use_bytes - before;
+  // The output, the gradients, their cotangents and the second-order gradients: a few dozen S·D floats. One S × S
+  // matrix of floats would be 16 MiB.
+  CHECK(extra <= 64 * S * D * static_cast<std::int64_t>(sizeof(float)));
+  CHECK(q.grad().defined());
 }
 
 // Low precision against the double path on the same rounded inputs: the output and the gradients are each rounded

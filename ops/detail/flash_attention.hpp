@@ -109,6 +109,91 @@ void dropout_factors(const attention::Problem& p, std::int64_t b, std::int64_t h
   }
 }
 
+// The backward passes' two walks, in parallel tasks, each with its Scratch (made once per run of tasks):
+//   over_key_blocks: a task per block of keys of a kv head, body(scratch, b, kvh, j0, width, queries), where
+//     queries(fn) calls fn(h, i0, rows) for the group's q heads and the blocks of queries that see some of the keys,
+//     in order;
+//   over_query_blocks: a task per block of queries; with `bias_rows` (a broadcast bias's gradient wanted) one task
+//     serves a block of the bias's rows and every (batch, head) that reads it, body(scratch, gb, gh, i0, rows,
+//     heads), where heads(fn) calls fn(b, h) for them in order.
+// `cost` is a task's work for parallel_for.
+template <class Scratch, class Body>
+void over_key_blocks(const attention::Problem& p, const KeyRanges& ranges, std::int64_t cost, Body&& body) {
+  const std::int64_t group = p.q_heads / p.kv_heads;
+  const std::int64_t key_blocks = (p.Sk + attention_key_block - 1) / attention_key_block;
+  parallel_for(p.batch * p.kv_heads * key_blocks, cost, [&](std::int64_t first_task, std::int64_t last_task) {
+    Scratch scratch;
+    for (std::int64_t task = first_task; task < last_task; ++task) {
+      const std::int64_t bk = task / key_blocks, b = bk / p.kv_heads, kvh = bk % p.kv_heads;
+      const std::int64_t j0 = (task % key_blocks) * attention_key_block;
+      const std::int64_t width = std::min(attention_key_block, p.Sk - j0);
+      const auto queries = [&](auto&& fn) {
+        for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          for (std::int64_t i0 = 0; i0 < p.Sq; i0 += attention_query_block) {
+            const std::int64_t rows = std::min(attention_query_block, p.Sq - i0);
+            std::int64_t first, last;
+            ranges.span(b, i0, i0 + rows, first, last);
+            if (first < j0 + width && last > j0) fn(h, i0, rows);  // else no query of the block sees these keys
+          }
+        }
+      };
+      body(scratch, b, kvh, j0, width, queries);
+    }
+  });
+}
+
+template <class Scratch, class Body>
+void over_query_blocks(const attention::Problem& p, bool bias_rows, std::int64_t cost, Body&& body) {
+  const std::int64_t bias_batches = bias_rows && p.bias_batch == 0 ? 1 : p.batch;
+  const std::int64_t bias_heads = bias_rows && p.bias_head == 0 ? 1 : p.q_heads;
+  const std::int64_t query_blocks = (p.Sq + attention_query_block - 1) / attention_query_block;
+  const std::int64_t served = (p.batch / bias_batches) * (p.q_heads / bias_heads);
+  parallel_for(bias_batches * bias_heads * query_blocks, served * cost,
+               [&](std::int64_t first_task, std::int64_t last_task) {
+    Scratch scratch;
+    for (std::int64_t task = first_task; task < last_task; ++task) {
+      const std::int64_t g = task / query_blocks, gb = g / bias_heads, gh = g % bias_heads;
+      const std::int64_t i0 = (task % query_blocks) * attention_query_block,
+                         rows = std::min(attention_query_block, p.Sq - i0);
+      const auto heads = [&](auto&& fn) {
+        for (std::int64_t b = gb; b < p.batch; b += bias_batches) {
+          for (std::int64_t h = gh; h < p.q_heads; h += bias_heads) fn(b, h);
+        }
+      };
+      body(scratch, gb, gh, i0, rows, heads);
+    }
+  });
+}
+
+// Rows [i0, i0 + dB.rows()) of the bias's gradient (gb, gh), from dB in C.
+template <class T, class C>
+void store_bias_rows(const Block<C>& dB, const attention::Problem& p, std::int64_t gb, std::int64_t gh,
+                     std::int64_t i0, T* dbias) {
+  T* out = dbias + p.bias_at(gb, gh, i0);
+  for (std::int64_t r = 0; r < dB.rows(); ++r) {
+    for (std::int64_t j = 0; j < p.Sk; ++j) out[r * p.Sk + j] = convert<T>(dB(r, j));
+  }
+}
+
+// Each query row's δ = rowsum(dO∘O), [batch, q_heads, Sq].
+template <class T>
+std::vector<compute_t<T>> output_products(const attention::Problem& p, const T* o, const T* dout) {
+  using C = compute_t<T>;
+  std::vector<C> delta(static_cast<std::size_t>(p.batch * p.q_heads * p.Sq));
+  parallel_for(p.batch * p.q_heads, 2 * p.Sq * p.Dv, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t bh = first; bh < last; ++bh) {
+      const std::int64_t b = bh / p.q_heads, h = bh % p.q_heads;
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const T *o_row = o + p.o.at(b, h, i), *do_row = dout + p.o.at(b, h, i);
+        C sum = 0;
+        for (std::int64_t d = 0; d < p.Dv; ++d) sum += static_cast<C>(do_row[d]) * static_cast<C>(o_row[d]);
+        delta[bh * p.Sq + i] = sum;
+      }
+    }
+  });
+  return delta;
+}
+
 // o (with p.o's strides) and log_sums [batch, q_heads, Sq] from q, k, v and the bias (null without one).
 template <class T>
 void attention_forward(const attention::Problem& p, const T* q, const T* k, const T* v, const T* bias, T* o,
@@ -173,7 +258,7 @@ template <class T> struct AttentionBackwardArgs {
   const KeyRanges& ranges;
   const T *q, *k, *v, *bias, *o, *dout;
   const C* log_sums;
-  std::vector<C> delta;  // rowsum(dO∘O) per [batch, q_heads, Sq]
+  std::vector<C> delta;  // output_products
 
   // P (dropout applied: P∘Z) and dS of queries [i0, i0 + Q.rows()) of head (b, h) against keys [j0, j0 + K.rows());
   // Z: the block's dropout factors (with dropout).
@@ -207,90 +292,50 @@ void attention_backward(const attention::Problem& p, const T* q, const T* k, con
                         const compute_t<T>* log_sums, const T* dout, T* dq, T* dk, T* dv, T* dbias) {
   using C = compute_t<T>;
   const KeyRanges ranges(p);
-  AttentionBackwardArgs<T> a{p, ranges, q, k, v, bias, o, dout, log_sums,
-                             std::vector<C>(static_cast<std::size_t>(p.batch * p.q_heads * p.Sq))};
-  parallel_for(p.batch * p.q_heads, 2 * p.Sq * p.Dv, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t bh = first; bh < last; ++bh) {
-      const std::int64_t b = bh / p.q_heads, h = bh % p.q_heads;
-      for (std::int64_t i = 0; i < p.Sq; ++i) {
-        const T *o_row = o + p.o.at(b, h, i), *do_row = dout + p.o.at(b, h, i);
-        C sum = 0;
-        for (std::int64_t d = 0; d < p.Dv; ++d) sum += static_cast<C>(do_row[d]) * static_cast<C>(o_row[d]);
-        a.delta[bh * p.Sq + i] = sum;
-      }
-    }
-  });
-
+  const AttentionBackwardArgs<T> a{p, ranges, q, k, v, bias, o, dout, log_sums, output_products(p, o, dout)};
+  struct Scratch {
+    Block<C> Q, K, V, dO, P, dS, Z, dK, dV, dQ, dB;
+  };
   const std::int64_t group = p.q_heads / p.kv_heads;
-  const std::int64_t key_blocks = (p.Sk + attention_key_block - 1) / attention_key_block;
-  parallel_for(p.batch * p.kv_heads * key_blocks, group * p.Sq * attention_key_block * (2 * p.D + 3 * p.Dv),
-               [&](std::int64_t first_task, std::int64_t last_task) {
-    Block<C> Q, K, V, dO, P, dS, Z, dK, dV;
-    for (std::int64_t task = first_task; task < last_task; ++task) {
-      const std::int64_t bk = task / key_blocks, b = bk / p.kv_heads, kvh = bk % p.kv_heads;
-      const std::int64_t j0 = (task % key_blocks) * attention_key_block;
-      const std::int64_t width = std::min(attention_key_block, p.Sk - j0);
-      load_rows(k, p.k, b, kvh, j0, width, p.D, K);
-      load_rows(v, p.v, b, kvh, j0, width, p.Dv, V);
-      dK.setZero(width, p.D);
-      dV.setZero(width, p.Dv);
-      for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (std::int64_t i0 = 0; i0 < p.Sq; i0 += attention_query_block) {
-          const std::int64_t rows = std::min(attention_query_block, p.Sq - i0);
-          std::int64_t first, last;
-          ranges.span(b, i0, i0 + rows, first, last);
-          if (first >= j0 + width || last <= j0) continue;  // no query of the block sees these keys
-          load_rows(q, p.q, b, h, i0, rows, p.D, Q);
-          load_rows(dout, p.o, b, h, i0, rows, p.Dv, dO);
-          a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS, Z);
-          dV.noalias() += P.transpose() * dO;
-          dK.noalias() += dS.transpose() * Q;
-        }
-      }
-      store_rows(dK, static_cast<C>(p.scale), dk, p.k, b, kvh, j0);
-      store_rows(dV, C(1), dv, p.v, b, kvh, j0);
-    }
+  over_key_blocks<Scratch>(p, ranges, group * p.Sq * attention_key_block * (2 * p.D + 3 * p.Dv),
+                           [&](Scratch& x, std::int64_t b, std::int64_t kvh, std::int64_t j0, std::int64_t width,
+                               const auto& queries) {
+    load_rows(k, p.k, b, kvh, j0, width, p.D, x.K);
+    load_rows(v, p.v, b, kvh, j0, width, p.Dv, x.V);
+    x.dK.setZero(width, p.D);
+    x.dV.setZero(width, p.Dv);
+    queries([&](std::int64_t h, std::int64_t i0, std::int64_t rows) {
+      load_rows(q, p.q, b, h, i0, rows, p.D, x.Q);
+      load_rows(dout, p.o, b, h, i0, rows, p.Dv, x.dO);
+      a.probabilities(b, h, i0, j0, x.Q, x.K, x.V, x.dO, x.P, x.dS, x.Z);
+      x.dV.noalias() += x.P.transpose() * x.dO;
+      x.dK.noalias() += x.dS.transpose() * x.Q;
+    });
+    store_rows(x.dK, static_cast<C>(p.scale), dk, p.k, b, kvh, j0);
+    store_rows(x.dV, C(1), dv, p.v, b, kvh, j0);
   });
 
-  // dQ by blocks of queries; with dbias, one task serves a block of rows of the bias and every (batch, head) that
-  // reads it, in order.
-  const std::int64_t bias_batches = dbias && p.bias_batch == 0 ? 1 : p.batch;
-  const std::int64_t bias_heads = dbias && p.bias_head == 0 ? 1 : p.q_heads;
-  const std::int64_t query_blocks = (p.Sq + attention_query_block - 1) / attention_query_block;
-  const std::int64_t served = (p.batch / bias_batches) * (p.q_heads / bias_heads);
-  parallel_for(bias_batches * bias_heads * query_blocks, served * attention_query_block * p.Sk * (2 * p.D + 2 * p.Dv),
-               [&](std::int64_t first_task, std::int64_t last_task) {
-    Block<C> Q, K, V, dO, P, dS, Z, dQ, dB;
-    for (std::int64_t task = first_task; task < last_task; ++task) {
-      const std::int64_t g = task / query_blocks, gb = g / bias_heads, gh = g % bias_heads;
-      const std::int64_t i0 = (task % query_blocks) * attention_query_block,
-                         rows = std::min(attention_query_block, p.Sq - i0);
-      if (dbias) dB.setZero(rows, p.Sk);
-      for (std::int64_t b = gb; b < p.batch; b += bias_batches) {
-        for (std::int64_t h = gh; h < p.q_heads; h += bias_heads) {
-          load_rows(q, p.q, b, h, i0, rows, p.D, Q);
-          load_rows(dout, p.o, b, h, i0, rows, p.Dv, dO);
-          dQ.setZero(rows, p.D);
-          std::int64_t first, last;
-          ranges.span(b, i0, i0 + rows, first, last);
-          for (std::int64_t j0 = first; j0 < last; j0 += attention_key_block) {
-            const std::int64_t width = std::min(attention_key_block, last - j0);
-            load_rows(k, p.k, b, p.kv_head(h), j0, width, p.D, K);
-            load_rows(v, p.v, b, p.kv_head(h), j0, width, p.Dv, V);
-            a.probabilities(b, h, i0, j0, Q, K, V, dO, P, dS, Z);
-            dQ.noalias() += dS * K;
-            if (dbias) dB.middleCols(j0, width) += dS;
-          }
-          store_rows(dQ, static_cast<C>(p.scale), dq, p.q, b, h, i0);
-        }
+  over_query_blocks<Scratch>(p, dbias != nullptr, attention_query_block * p.Sk * (2 * p.D + 2 * p.Dv),
+                             [&](Scratch& x, std::int64_t gb, std::int64_t gh, std::int64_t i0, std::int64_t rows,
+                                 const auto& heads) {
+    if (dbias) x.dB.setZero(rows, p.Sk);
+    heads([&](std::int64_t b, std::int64_t h) {
+      load_rows(q, p.q, b, h, i0, rows, p.D, x.Q);
+      load_rows(dout, p.o, b, h, i0, rows, p.Dv, x.dO);
+      x.dQ.setZero(rows, p.D);
+      std::int64_t first, last;
+      ranges.span(b, i0, i0 + rows, first, last);
+      for (std::int64_t j0 = first; j0 < last; j0 += attention_key_block) {
+        const std::int64_t width = std::min(attention_key_block, last - j0);
+        load_rows(k, p.k, b, p.kv_head(h), j0, width, p.D, x.K);
+        load_rows(v, p.v, b, p.kv_head(h), j0, width, p.Dv, x.V);
+        a.probabilities(b, h, i0, j0, x.Q, x.K, x.V, x.dO, x.P, x.dS, x.Z);
+        x.dQ.noalias() += x.dS * x.K;
+        if (dbias) x.dB.middleCols(j0, width) += x.dS;
       }
-      if (dbias) {
-        T* out = dbias + p.bias_at(gb, gh, i0);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          for (std::int64_t j = 0; j < p.Sk; ++j) out[r * p.Sk + j] = convert<T>(dB(r, j));
-        }
-      }
-    }
+      store_rows(x.dQ, static_cast<C>(p.scale), dq, p.q, b, h, i0);
+    });
+    if (dbias) store_bias_rows(x.dB, p, gb, gh, i0, dbias);
   });
 }
 
