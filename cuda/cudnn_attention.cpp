@@ -32,8 +32,8 @@ using cudnn::TensorRef;
 constexpr cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
 
 enum Uid : std::int64_t {
-  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, scale_uid, minus_inf_uid, q_length_uid, kv_length_uid,
-  dout_uid, dq_uid, dk_uid, dv_uid, one_uid, softmax_sum_uid, dq_sum_uid
+  q_uid = 1, k_uid, v_uid, o_uid, stats_uid, scale_uid, minus_inf_uid, q_length_uid, kv_length_uid, right_bound_uid,
+  left_bound_uid, dout_uid, dq_uid, dk_uid, dv_uid, one_uid, softmax_sum_uid, dq_sum_uid
 };
 
 // A layout's strides [batch, head, row, element] as a rank-4 tensor's, or none for q's heads packed by kv group,
@@ -53,7 +53,10 @@ struct Key {
   DType dtype{};
   std::int64_t batch = 0, q_heads = 0, kv_heads = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
   Dims q, k, v, o;
-  bool causal = false, bottom_right = false, deterministic = false;  // bottom_right: a shifted diagonal (Sq < Sk)
+  // The keys a query sees: up to its diagonal + right_bound, from its diagonal - left_bound (-1: that side open);
+  // bottom_right: the diagonal moved by Sk - Sq.
+  std::int64_t right_bound = -1, left_bound = -1;
+  bool bottom_right = false, deterministic = false;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -61,8 +64,9 @@ Key key_of(DType dtype, const Problem& p, bool backward, int device) {
   const std::optional<Dims> q = strides_of(p.q);
   return {.backward = backward, .device = device, .dtype = dtype, .batch = p.batch, .q_heads = p.q_heads,
           .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv, .q = q ? *q : gathered_q(p),
-          .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o), .causal = p.causal,
-          .bottom_right = p.causal && p.bottom_right && p.Sq != p.Sk, .deterministic = backward && p.deterministic};
+          .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o),
+          .right_bound = p.causal ? 0 : p.window_right, .left_bound = p.window_left,
+          .bottom_right = p.bottom_right && p.Sq != p.Sk, .deterministic = backward && p.deterministic};
 }
 
 bool rows_on_16_bytes(const RowStrides& r, bool gathered) {
@@ -78,11 +82,24 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
   if (p.dropout > 0) return "dropout (cuDNN draws its own numbers)";
   if (p.has_bias) return "a bias";
   if (p.q_lengths || p.kv_lengths) return "per-batch lengths";
-  if (p.window_left >= 0 || p.window_right >= 0) return "a sliding window";
   if (p.D % 8 != 0 || p.Dv % 8 != 0 || p.D > 256 || p.Dv > 256) {
     return detail::concat("head sizes ", p.D, " and ", p.Dv, " (cuDNN takes multiples of 8 up to 256)");
   }
-  if (p.causal && p.bottom_right && p.Sq > p.Sk) return "a bottom-right causal mask with more queries than keys";
+  // Masks under which a query may see no key (tapegrad's kernels give it zeros; the frontend refuses them too): the
+  // first queries' band ends before key 0 (bottom-right, Sq > Sk), or a left window with Sq > Sk.
+  const bool shifted = p.bottom_right && p.Sq != p.Sk;
+  if (((p.causal || p.window_right >= 0) && shifted && p.Sq > p.Sk) || (p.window_left >= 0 && p.Sq > p.Sk)) {
+    return "a mask under which a query may see no key";
+  }
+  // Versions with known bugs, as the frontend refuses them.
+  const std::size_t version = cudnn::api()->version();
+  if (version == 91000 || version == 91001) return "cuDNN 9.10.0 and 9.10.1 (known bugs)";
+  if (version == 91400 && p.window_left >= 0 && !p.causal && p.Sk > 1024) {
+    return "cuDNN 9.14.0's bug with sliding windows over more than 1024 keys";
+  }
+  if (backward && version <= 91500 && p.Sk % 128 != 0) {
+    return "cuDNN 9.15.0 and older's backward with a key count not a multiple of 128";
+  }
   if (backward && p.Sq == 1 && p.Sk == 1) return "one query and one key";
   if (!rows_on_16_bytes(p.q, true) || !rows_on_16_bytes(p.k, false) || !rows_on_16_bytes(p.v, false) ||
       !rows_on_16_bytes(p.o, false)) {
@@ -107,28 +124,44 @@ struct Sizes {
         row_strides{k.q_heads * k.Sq, k.Sq, 1, 1} {}
 };
 
-// s where key ≤ query's diagonal, -inf elsewhere: the row index (moved by Sk - Sq to the bottom-right diagonal)
-// compared with the column's.
-TensorRef causal_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
-  const TensorRef minus_inf = g.scalar(minus_inf_uid, f32);
-  const TensorRef row = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, f32, 2);
-  const TensorRef column = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, column, f32, 3);
-  TensorRef diagonal = row;
-  if (key.bottom_right) {
-    const TensorRef plus_keys = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-    g.pointwise(CUDNN_POINTWISE_ADD, row, g.scalar(kv_length_uid, CUDNN_DATA_INT32), nullptr, plus_keys,
-                CUDNN_DATA_INT32);
-    diagonal = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-    g.pointwise(CUDNN_POINTWISE_SUB, plus_keys, g.scalar(q_length_uid, CUDNN_DATA_INT32), nullptr, diagonal,
-                CUDNN_DATA_INT32);
-  }
+// The band of keys a query sees, as cudnn-frontend spells it (its CompositeDiagonalBandMaskNode, one per side):
+// s where the row index (moved by Sk - Sq to the bottom-right diagonal, plus the right bound) is at least the
+// column's, then where the column plus the left bound + 1 (moved likewise) exceeds the row's; -inf elsewhere.
+TensorRef band_side(Graph& g, const Key& key, TensorRef s, const Sizes& z, bool right) {
+  const auto index = [&](std::int64_t axis) {
+    const TensorRef i = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, i, f32, axis);
+    return i;
+  };
+  const auto shifted = [&](cudnnPointwiseMode_t mode, TensorRef x, TensorRef by, cudnnDataType_t type) {
+    const TensorRef y = g.virtual_tensor(type, z.scores, z.scores_strides);
+    g.pointwise(mode, x, by, nullptr, y, type, 3);
+    return y;
+  };
+  TensorRef row = index(2), column = index(3);
   const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, diagonal, column, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  if (right) {
+    if (key.bottom_right) {
+      row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(kv_length_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+      row = shifted(CUDNN_POINTWISE_SUB, row, g.scalar(q_length_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+    }
+    if (key.right_bound > 0) {
+      row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(right_bound_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+    }
+    g.pointwise(CUDNN_POINTWISE_CMP_GE, row, column, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  } else {
+    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_bound_uid, f32), f32);  // the shift folded in
+    g.pointwise(CUDNN_POINTWISE_CMP_GT, column, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  }
   const TensorRef masked = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, minus_inf, keep, masked);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(minus_inf_uid, f32), keep, masked);
   return masked;
+}
+
+TensorRef band_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
+  if (key.right_bound >= 0) s = band_side(g, key, s, z, true);
+  if (key.left_bound >= 0) s = band_side(g, key, s, z, false);
+  return s;
 }
 
 Graph forward_graph(const Key& key) {
@@ -145,7 +178,7 @@ Graph forward_graph(const Key& key) {
   TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
   g.matmul(q, k_t, s);
   s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
-  if (key.causal) s = causal_mask(g, key, s, z);
+  s = band_mask(g, key, s, z);
   const TensorRef max = g.virtual_tensor(f32, z.rows, z.row_strides);
   g.reduce(CUDNN_REDUCE_TENSOR_MAX, s, max);
   const TensorRef shifted = g.pointwise(CUDNN_POINTWISE_SUB, s, max, z.scores, z.scores_strides);
@@ -202,7 +235,7 @@ Graph backward_graph(const Key& key) {
   g.matmul(q, k_t, s);
   s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
   s = g.pointwise(CUDNN_POINTWISE_SUB, s, stats, z.scores, z.scores_strides);
-  if (key.causal) s = causal_mask(g, key, s, z);
+  s = band_mask(g, key, s, z);
   const TensorRef probabilities = g.pointwise(CUDNN_POINTWISE_EXP, s, nullptr, z.scores, z.scores_strides);
 
   // dv = Pᵀ·dout
@@ -324,6 +357,9 @@ class Inputs {
         minus_inf_(cudnn::api()->version() >= 91000 ? -INFINITY : -FLT_MAX),
         queries_(static_cast<std::int32_t>(p.Sq)),
         keys_(static_cast<std::int32_t>(p.Sk)),
+        right_bound_(static_cast<std::int32_t>(p.window_right)),
+        // keys j with j + left_bound > the query's row: the diagonal's shift folded in, as the frontend does
+        left_bound_(static_cast<float>(p.window_left + 1 - (p.bottom_right ? p.Sk - p.Sq : 0))),
         q_copy_(gathered ? q_bytes(dtype, p) : 0, device) {
     if (gathered) strided_copy(dtype, at(q, p.q, dtype), q_copy_.data(), group_axes(p, true), device);
     bindings = {{scale_uid, &scale_},
@@ -331,6 +367,8 @@ class Inputs {
                 {one_uid, &one_},
                 {q_length_uid, &queries_},
                 {kv_length_uid, &keys_},
+                {right_bound_uid, &right_bound_},
+                {left_bound_uid, &left_bound_},
                 {q_uid, gathered ? q_copy_.data() : at(q, p.q, dtype)},
                 {k_uid, at(k, p.k, dtype)},
                 {v_uid, at(v, p.v, dtype)},
@@ -345,7 +383,8 @@ class Inputs {
 
  private:
   float scale_, minus_inf_, one_ = 1;
-  std::int32_t queries_, keys_;
+  std::int32_t queries_, keys_, right_bound_;
+  float left_bound_;
   Scratch q_copy_;
 };
 

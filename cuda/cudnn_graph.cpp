@@ -65,7 +65,9 @@ TensorRef Graph::virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides) {
 }
 
 TensorRef Graph::scalar(std::int64_t uid, cudnnDataType_t type) {
-  return add_tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  const auto [at, inserted] = scalars_.try_emplace(uid, nullptr);
+  if (inserted) at->second = add_tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  return at->second;
 }
 
 void Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, TensorRef t, TensorRef y,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,7 +54,7 @@ class Graph {
   // A tensor bound to memory at execution by its uid; a virtual one lives inside the fused kernel.
   TensorRef tensor(std::int64_t uid, cudnnDataType_t type, Dims dims, Dims strides);
   TensorRef virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides);
-  // A [1, 1, 1, 1] value passed by host pointer at execution.
+  // A [1, 1, 1, 1] value passed by host pointer at execution; the same tensor for the same uid.
   TensorRef scalar(std::int64_t uid, cudnnDataType_t type);
 
   // y = mode(x[, b[, t]]) elementwise, computed in `precision`; GEN_INDEX takes the axis it indexes.
@@ -72,6 +73,7 @@ class Graph {
                        bool by_value);
   std::vector<Descriptor> tensors_, parts_, operations_;
   std::vector<std::int64_t> uids_;
+  std::map<std::int64_t, TensorRef> scalars_;
   std::int64_t next_virtual_uid_ = std::int64_t{1} << 40;
 };
 
