@@ -282,6 +282,31 @@ __global__ void __launch_bounds__(threads) attention_forward_kernel(const Proble
   }
 }
 
+// Each batch element's valid queries and keys as int32: out[b] and out[batch + b].
+__global__ void attention_lengths_kernel(const Problem p, std::int32_t* out) {
+  for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; b < p.batch;
+       b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[b] = static_cast<std::int32_t>(p.q_lengths ? p.q_lengths[b] : p.Sq);
+    out[p.batch + b] = static_cast<std::int32_t>(p.kv_lengths ? p.kv_lengths[b] : p.Sk);
+  }
+}
+
+// Zeros in the rows of t [batch, heads, S, width] (strides r) from each batch element's length on: its queries' (S =
+// Sq, and -inf in log_sums' rows when not null) or its keys' (S = Sk).
+template <class S>
+__global__ void attention_clear_padding_kernel(const Problem p, S* t, const RowStrides r, std::int64_t heads,
+                                               std::int64_t width, bool queries, compute_of<S>* log_sums) {
+  const std::int64_t rows = queries ? p.Sq : p.Sk, n = p.batch * heads * rows * width;
+  const std::int64_t* lengths = queries ? p.q_lengths : p.kv_lengths;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t d = e % width, row = e / width % rows, bh = e / width / rows, b = bh / heads, h = bh % heads;
+    if (!lengths || row < lengths[b]) continue;
+    t[r.at(b, h, row) + d] = from_compute<S>(compute_of<S>(0));
+    if (log_sums && d == 0) log_sums[bh * rows + row] = minus_infinity<compute_of<S>>();
+  }
+}
+
 // δ = rowsum(dO∘O), a warp per row.
 template <class S>
 __global__ void __launch_bounds__(threads) attention_delta_kernel(const Problem p, const S* o, const S* dout,
@@ -541,6 +566,26 @@ bool cudnn_allowed() { return attention_kernels() == AttentionKernels::cudnn_whe
 
 void set_attention_kernels(AttentionKernels kernels) { chosen_kernels.store(kernels, std::memory_order_relaxed); }
 AttentionKernels attention_kernels() { return chosen_kernels.load(std::memory_order_relaxed); }
+
+void attention_lengths_int32(const Problem& p, std::int32_t* out, int device) {
+  if (p.batch == 0) return;
+  const Launch launch(device);
+  attention_lengths_kernel<<<launch.blocks_for(p.batch, threads), threads, 0, launch.stream()>>>(p, out);
+  TAPEGRAD_CUDA_CHECK_LAUNCH();
+}
+
+void attention_clear_padding(DType dtype, const Problem& p, void* t, const RowStrides& r, std::int64_t heads,
+                             std::int64_t width, bool queries, void* log_sums, int device) {
+  const std::int64_t n = p.batch * heads * (queries ? p.Sq : p.Sk) * width;
+  if (n == 0) return;
+  const Launch launch(device);
+  dispatch_float(dtype, "dot_product_attention", [&](auto unit) {
+    using S = decltype(unit);
+    attention_clear_padding_kernel<S><<<launch.blocks_for(n, threads), threads, 0, launch.stream()>>>(
+        p, static_cast<S*>(t), r, heads, width, queries, static_cast<compute_of<S>*>(log_sums));
+  });
+  TAPEGRAD_CUDA_CHECK_LAUNCH();
+}
 
 void attention_forward(DType dtype, const Problem& p, const void* q, const void* k, const void* v, const void* bias,
                        void* o, void* log_sums, int device) {

@@ -41,6 +41,9 @@ struct Problem {
   // Dropout on the probabilities: kept ones scaled by 1 / (1 - dropout).
   double dropout = 0;
   std::uint64_t dropout_seed = 0;
+  // Whether a query within its batch's length sees no key (it gets zeros): only kernels that give such rows zeros
+  // take the problem (tapegrad's; cuDNN's would give NaN). Set by the op, which knows the lengths on the host.
+  bool queries_without_keys = false;
   // Whether the backward must give the same bits every run (tapegrad's kernels always do; cuDNN's fastest backward
   // sums dq in a varying order).
   bool deterministic = false;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 
+#include "tapegrad/cuda/attention.hpp"
 #include "tapegrad/cuda/cudnn_graph.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/tensor/core/error.hpp"
@@ -33,7 +34,8 @@ constexpr cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
 
 enum Uid : std::int64_t {
   q_uid = 1, k_uid, v_uid, o_uid, stats_uid, scale_uid, minus_inf_uid, q_length_uid, kv_length_uid, right_bound_uid,
-  left_bound_uid, dout_uid, dq_uid, dk_uid, dv_uid, one_uid, softmax_sum_uid, dq_sum_uid
+  left_bound_uid, dout_uid, dq_uid, dk_uid, dv_uid, one_uid, softmax_sum_uid, dq_sum_uid, q_lengths_uid,
+  kv_lengths_uid, left_window_uid
 };
 
 // A layout's strides [batch, head, row, element] as a rank-4 tensor's, or none for q's heads packed by kv group,
@@ -57,8 +59,11 @@ struct Key {
   // bottom_right: the diagonal moved by Sk - Sq.
   std::int64_t right_bound = -1, left_bound = -1;
   bool bottom_right = false, deterministic = false;
+  bool padding = false;  // per-batch lengths: each batch element's valid queries and keys
   auto operator<=>(const Key&) const = default;
 };
+
+bool padded(const Problem& p) { return p.q_lengths || p.kv_lengths; }
 
 Key key_of(DType dtype, const Problem& p, bool backward, int device) {
   const std::optional<Dims> q = strides_of(p.q);
@@ -66,7 +71,8 @@ Key key_of(DType dtype, const Problem& p, bool backward, int device) {
           .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv, .q = q ? *q : gathered_q(p),
           .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o),
           .right_bound = p.causal ? 0 : p.window_right, .left_bound = p.window_left,
-          .bottom_right = p.bottom_right && p.Sq != p.Sk, .deterministic = backward && p.deterministic};
+          .bottom_right = p.bottom_right && (p.Sq != p.Sk || padded(p)), .deterministic = backward && p.deterministic,
+          .padding = padded(p)};
 }
 
 bool rows_on_16_bytes(const RowStrides& r, bool gathered) {
@@ -81,15 +87,14 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
   if (dtype != DType::bf16 && dtype != DType::f16) return detail::concat("dtype ", dtype_name(dtype));
   if (p.dropout > 0) return "dropout (cuDNN draws its own numbers)";
   if (p.has_bias) return "a bias";
-  if (p.q_lengths || p.kv_lengths) return "per-batch lengths";
   if (p.D % 8 != 0 || p.Dv % 8 != 0 || p.D > 256 || p.Dv > 256) {
     return detail::concat("head sizes ", p.D, " and ", p.Dv, " (cuDNN takes multiples of 8 up to 256)");
   }
-  // Masks under which a query may see no key (tapegrad's kernels give it zeros; the frontend refuses them too): the
-  // first queries' band ends before key 0 (bottom-right, Sq > Sk), or a left window with Sq > Sk.
+  if (p.queries_without_keys) return "a query that sees no key";  // tapegrad's kernels give it zeros
+  // The frontend's limits without padding.
   const bool shifted = p.bottom_right && p.Sq != p.Sk;
-  if (((p.causal || p.window_right >= 0) && shifted && p.Sq > p.Sk) || (p.window_left >= 0 && p.Sq > p.Sk)) {
-    return "a mask under which a query may see no key";
+  if (!padded(p) && p.Sq > p.Sk && (((p.causal || p.window_right >= 0) && shifted) || p.window_left >= 0)) {
+    return "a bottom-right mask or a left window with more queries than keys";
   }
   // Versions with known bugs, as the frontend refuses them.
   const std::size_t version = cudnn::api()->version();
@@ -97,7 +102,7 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
   if (version == 91400 && p.window_left >= 0 && !p.causal && p.Sk > 1024) {
     return "cuDNN 9.14.0's bug with sliding windows over more than 1024 keys";
   }
-  if (backward && version <= 91500 && p.Sk % 128 != 0) {
+  if (backward && version <= 91500 && p.Sk % 128 != 0 && !padded(p)) {
     return "cuDNN 9.15.0 and older's backward with a key count not a multiple of 128";
   }
   if (backward && p.Sq == 1 && p.Sk == 1) return "one query and one key";
@@ -124,38 +129,73 @@ struct Sizes {
         row_strides{k.q_heads * k.Sq, k.Sq, 1, 1} {}
 };
 
-// The band of keys a query sees, as cudnn-frontend spells it (its CompositeDiagonalBandMaskNode, one per side):
-// s where the row index (moved by Sk - Sq to the bottom-right diagonal, plus the right bound) is at least the
-// column's, then where the column plus the left bound + 1 (moved likewise) exceeds the row's; -inf elsewhere.
-TensorRef band_side(Graph& g, const Key& key, TensorRef s, const Sizes& z, bool right) {
-  const auto index = [&](std::int64_t axis) {
-    const TensorRef i = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, i, f32, axis);
-    return i;
+// Each batch element's valid queries (or keys) as the graph reads them: a [batch] tensor when padded, else Sq (Sk) by
+// value.
+TensorRef lengths(Graph& g, const Key& key, bool keys) {
+  if (!key.padding) return g.scalar(keys ? kv_length_uid : q_length_uid, CUDNN_DATA_INT32);
+  return g.tensor(keys ? kv_lengths_uid : q_lengths_uid, CUDNN_DATA_INT32, {key.batch, 1, 1, 1}, {1, 1, 1, 1});
+}
+
+// What a product's M, N or K override reads: the lengths when padded, nothing otherwise.
+TensorRef per_batch(Graph& g, const Key& key, bool keys) { return key.padding ? lengths(g, key, keys) : nullptr; }
+
+// The scores' row (axis 2) or column (axis 3) indices.
+TensorRef indices(Graph& g, TensorRef s, const Sizes& z, std::int64_t axis, cudnnDataType_t precision) {
+  const TensorRef i = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, i, precision, axis);
+  return i;
+}
+
+// s where `keep`, -inf elsewhere.
+TensorRef select(Graph& g, TensorRef s, TensorRef keep, const Sizes& z) {
+  const TensorRef masked = g.virtual_tensor(f32, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(minus_inf_uid, f32), keep, masked);
+  return masked;
+}
+
+// The keys a query sees, as cudnn-frontend spells its masks. Padding (per-batch lengths): s where the row is below
+// its batch's queries and the column below its keys. The band (its CompositeDiagonalBandMaskNode, one per side): s
+// where the row index (moved by Sk - Sq to the bottom-right diagonal, plus the right bound) is at least the column's,
+// then where the column plus the left bound + 1 (moved likewise) exceeds the row's.
+TensorRef padding_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
+  const auto below = [&](TensorRef index, TensorRef limit) {
+    const TensorRef y = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
+    g.pointwise(CUDNN_POINTWISE_CMP_LT, index, limit, nullptr, y, CUDNN_DATA_BOOLEAN);
+    return y;
   };
+  const TensorRef rows = below(indices(g, s, z, 2, CUDNN_DATA_INT32), lengths(g, key, false));
+  const TensorRef columns = below(indices(g, s, z, 3, CUDNN_DATA_INT32), lengths(g, key, true));
+  const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
+  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, rows, columns, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  return select(g, s, keep, z);
+}
+
+TensorRef band_side(Graph& g, const Key& key, TensorRef s, const Sizes& z, bool right) {
   const auto shifted = [&](cudnnPointwiseMode_t mode, TensorRef x, TensorRef by, cudnnDataType_t type) {
     const TensorRef y = g.virtual_tensor(type, z.scores, z.scores_strides);
     g.pointwise(mode, x, by, nullptr, y, type, 3);
     return y;
   };
-  TensorRef row = index(2), column = index(3);
+  constexpr cudnnDataType_t i32 = CUDNN_DATA_INT32;
+  TensorRef row = indices(g, s, z, 2, f32), column = indices(g, s, z, 3, f32);
   const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
   if (right) {
     if (key.bottom_right) {
-      row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(kv_length_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
-      row = shifted(CUDNN_POINTWISE_SUB, row, g.scalar(q_length_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+      row = shifted(CUDNN_POINTWISE_ADD, row, lengths(g, key, true), i32);
+      row = shifted(CUDNN_POINTWISE_SUB, row, lengths(g, key, false), i32);
     }
-    if (key.right_bound > 0) {
-      row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(right_bound_uid, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
-    }
+    if (key.right_bound > 0) row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(right_bound_uid, i32), i32);
     g.pointwise(CUDNN_POINTWISE_CMP_GE, row, column, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  } else {
-    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_bound_uid, f32), f32);  // the shift folded in
+  } else if (key.bottom_right && key.padding) {  // the shift per batch element
+    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_window_uid, i32), i32);
+    column = shifted(CUDNN_POINTWISE_SUB, column, lengths(g, key, true), i32);
+    column = shifted(CUDNN_POINTWISE_ADD, column, lengths(g, key, false), i32);
+    g.pointwise(CUDNN_POINTWISE_CMP_GT, column, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  } else {  // a fixed shift, folded into the bound
+    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_bound_uid, f32), f32);
     g.pointwise(CUDNN_POINTWISE_CMP_GT, column, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
   }
-  const TensorRef masked = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(minus_inf_uid, f32), keep, masked);
-  return masked;
+  return select(g, s, keep, z);
 }
 
 TensorRef band_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
@@ -176,8 +216,9 @@ Graph forward_graph(const Key& key) {
   const TensorRef scale = g.scalar(scale_uid, f32);
 
   TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.matmul(q, k_t, s);
+  g.matmul(q, k_t, s, per_batch(g, key, false), per_batch(g, key, true));
   s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
+  if (key.padding) s = padding_mask(g, key, s, z);
   s = band_mask(g, key, s, z);
   const TensorRef max = g.virtual_tensor(f32, z.rows, z.row_strides);
   g.reduce(CUDNN_REDUCE_TENSOR_MAX, s, max);
@@ -189,19 +230,21 @@ Graph forward_graph(const Key& key) {
   g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, nullptr, stats);
   const TensorRef probabilities = g.virtual_tensor(io, z.scores, z.scores_strides);  // the I/O type, as the
   g.pointwise(CUDNN_POINTWISE_DIV, exps, sum, nullptr, probabilities);                 // product's A must be
-  g.matmul(probabilities, v, o);
+  g.matmul(probabilities, v, o, per_batch(g, key, false), nullptr, per_batch(g, key, true));
   return g;
 }
 
-// out [B, Hkv, Sk, width] = a·b [B, Hq, Sk, width] summed over each kv head's group of q heads.
+// out [B, Hkv, Sk, width] = a·b [B, Hq, Sk, width] (a: the transposed scores) summed over each kv head's group of
+// q heads.
 void product_over_groups(Graph& g, const Key& key, TensorRef a, TensorRef b, TensorRef out, std::int64_t width) {
+  const TensorRef keys = per_batch(g, key, true), queries = per_batch(g, key, false);
   if (key.q_heads == key.kv_heads) {
-    g.matmul(a, b, out);
+    g.matmul(a, b, out, keys, nullptr, queries);
     return;
   }
   const TensorRef per_head = g.virtual_tensor(io_type(key.dtype), {key.batch, key.q_heads, key.Sk, width},
                                               {key.q_heads * key.Sk * width, key.Sk * width, width, 1});
-  g.matmul(a, b, per_head);
+  g.matmul(a, b, per_head, keys, nullptr, queries);
   g.reduce(CUDNN_REDUCE_TENSOR_ADD, per_head, out);
 }
 
@@ -232,8 +275,9 @@ Graph backward_graph(const Key& key) {
 
   // The probabilities again, from the scores and the forward's log-sum-exp (the mask after the subtraction).
   TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.matmul(q, k_t, s);
+  g.matmul(q, k_t, s, per_batch(g, key, false), per_batch(g, key, true));
   s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
+  if (key.padding) s = padding_mask(g, key, s, z);
   s = g.pointwise(CUDNN_POINTWISE_SUB, s, stats, z.scores, z.scores_strides);
   s = band_mask(g, key, s, z);
   const TensorRef probabilities = g.pointwise(CUDNN_POINTWISE_EXP, s, nullptr, z.scores, z.scores_strides);
@@ -245,7 +289,7 @@ Graph backward_graph(const Key& key) {
 
   // dS = scale · P ∘ (dout·vᵀ − δ)
   const TensorRef dp = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.matmul(dout, v_t, dp);
+  g.matmul(dout, v_t, dp, per_batch(g, key, false), per_batch(g, key, true));
   const TensorRef centered = g.pointwise(CUDNN_POINTWISE_SUB, dp, delta, z.scores, z.scores_strides);
   const TensorRef weighted = g.pointwise(CUDNN_POINTWISE_MUL, centered, probabilities, z.scores, z.scores_strides);
   const TensorRef ds = g.pointwise(CUDNN_POINTWISE_MUL, weighted, scale, z.scores, z.scores_strides);
@@ -260,11 +304,11 @@ Graph backward_graph(const Key& key) {
   const TensorRef k = g.virtual_tensor(io, {key.batch, key.kv_heads, key.Sk, key.D}, key.k);
   g.reshape(k_t, k);
   if (key.deterministic) {
-    g.matmul(ds, k, dq);
+    g.matmul(ds, k, dq, per_batch(g, key, false), nullptr, per_batch(g, key, true));
   } else {
     const TensorRef dq_sum =
         g.tensor(dq_sum_uid, f32, q_dims, {key.q_heads * key.Sq * key.D, key.Sq * key.D, key.D, 1});
-    g.matmul(ds, k, dq_sum);
+    g.matmul(ds, k, dq_sum, per_batch(g, key, false), nullptr, per_batch(g, key, true));
     g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_sum, nullptr, nullptr, dq);
   }
   return g;
@@ -360,8 +404,11 @@ class Inputs {
         right_bound_(static_cast<std::int32_t>(p.window_right)),
         // keys j with j + left_bound > the query's row: the diagonal's shift folded in, as the frontend does
         left_bound_(static_cast<float>(p.window_left + 1 - (p.bottom_right ? p.Sk - p.Sq : 0))),
-        q_copy_(gathered ? q_bytes(dtype, p) : 0, device) {
+        left_window_(static_cast<std::int32_t>(p.window_left + 1)),
+        q_copy_(gathered ? q_bytes(dtype, p) : 0, device),
+        lengths_(padded(p) ? 2 * static_cast<std::size_t>(p.batch) * sizeof(std::int32_t) : 0, device) {
     if (gathered) strided_copy(dtype, at(q, p.q, dtype), q_copy_.data(), group_axes(p, true), device);
+    if (padded(p)) attention_lengths_int32(p, static_cast<std::int32_t*>(lengths_.data()), device);
     bindings = {{scale_uid, &scale_},
                 {minus_inf_uid, &minus_inf_},
                 {one_uid, &one_},
@@ -369,6 +416,9 @@ class Inputs {
                 {kv_length_uid, &keys_},
                 {right_bound_uid, &right_bound_},
                 {left_bound_uid, &left_bound_},
+                {left_window_uid, &left_window_},
+                {q_lengths_uid, lengths_.data()},
+                {kv_lengths_uid, static_cast<std::int32_t*>(lengths_.data()) + p.batch},
                 {q_uid, gathered ? q_copy_.data() : at(q, p.q, dtype)},
                 {k_uid, at(k, p.k, dtype)},
                 {v_uid, at(v, p.v, dtype)},
@@ -385,7 +435,8 @@ class Inputs {
   float scale_, minus_inf_, one_ = 1;
   std::int32_t queries_, keys_, right_bound_;
   float left_bound_;
-  Scratch q_copy_;
+  std::int32_t left_window_;
+  Scratch q_copy_, lengths_;  // lengths_: with padding, each batch element's queries then keys, as int32
 };
 
 }  // namespace
@@ -403,6 +454,7 @@ bool cudnn_attention_forward(DType dtype, const Problem& p, const void* q, const
   if (!plan) return false;
   const Inputs inputs(dtype, p, q, k, v, o, log_sums, device);
   run(*plan, device, inputs.bindings);
+  if (padded(p)) attention_clear_padding(dtype, p, o, p.o, p.q_heads, p.Dv, true, log_sums, device);
   return true;
 }
 
@@ -424,6 +476,11 @@ bool cudnn_attention_backward(DType dtype, const Problem& p, const void* q, cons
                                                  {dv_uid, at(dv, p.v, dtype)}});
   run(*plan, device, inputs.bindings);
   if (inputs.gathered) strided_copy(dtype, dq_copy.data(), at(dq, p.q, dtype), group_axes(p, false), device);
+  if (padded(p)) {  // the rows past each batch element's lengths, which cuDNN leaves unwritten
+    attention_clear_padding(dtype, p, dq, p.q, p.q_heads, p.D, true, nullptr, device);
+    attention_clear_padding(dtype, p, dk, p.k, p.kv_heads, p.D, false, nullptr, device);
+    attention_clear_padding(dtype, p, dv, p.v, p.kv_heads, p.Dv, false, nullptr, device);
+  }
   return true;
 }
 

@@ -1,10 +1,10 @@
 // dot_product_attention on cuDNN's fused flash-attention engines: the scaled-dot-product-attention graphs of cuDNN 9
 // (as cudnn-frontend builds them), for the problems they take: bf16 and f16 without dropout (cuDNN draws its own
-// numbers, not the project's), a bias or key padding; causal masks and sliding windows of both alignments where every
-// query sees a key; grouped-query heads; head sizes that are multiples of 8 up to 256; any layout whose rows start
-// on 16 bytes (q's heads packed by kv group are gathered into a scratch copy first). Plans are compiled once per
-// problem and kept; a problem cuDNN refuses is remembered as refused. Plain C++, as cuda/attention.hpp, whose
-// launchers call these first.
+// numbers, not the project's) or a bias; causal masks, sliding windows of both alignments and per-batch lengths
+// (padding: the rows past them zeroed here, as tapegrad's kernels give them) where every query sees a key;
+// grouped-query heads; head sizes that are multiples of 8 up to 256; any layout whose rows start on 16 bytes (q's
+// heads packed by kv group are gathered into a scratch copy first). Plans are compiled once per problem and kept; a
+// problem cuDNN refuses is remembered as refused. Plain C++, as cuda/attention.hpp, whose launchers call these first.
 #pragma once
 
 #include <string>

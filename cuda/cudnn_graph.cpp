@@ -57,7 +57,9 @@ TensorRef Graph::add_tensor(std::int64_t uid, cudnnDataType_t type, const Dims& 
 }
 
 TensorRef Graph::tensor(std::int64_t uid, cudnnDataType_t type, Dims dims, Dims strides) {
-  return add_tensor(uid, type, dims, strides, false, false);
+  const auto [at, inserted] = bound_.try_emplace(uid, nullptr);
+  if (inserted) at->second = add_tensor(uid, type, dims, strides, false, false);
+  return at->second;
 }
 
 TensorRef Graph::virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides) {
@@ -65,7 +67,7 @@ TensorRef Graph::virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides) {
 }
 
 TensorRef Graph::scalar(std::int64_t uid, cudnnDataType_t type) {
-  const auto [at, inserted] = scalars_.try_emplace(uid, nullptr);
+  const auto [at, inserted] = bound_.try_emplace(uid, nullptr);
   if (inserted) at->second = add_tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
   return at->second;
 }
@@ -97,16 +99,19 @@ TensorRef Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, 
   return y;
 }
 
-void Graph::matmul(TensorRef a, TensorRef b, TensorRef c) {
-  Descriptor m(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-  m.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT).finalize();
+void Graph::matmul(TensorRef a, TensorRef b, TensorRef c, TensorRef m, TensorRef n, TensorRef k) {
+  Descriptor product(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+  product.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT).finalize();
   Descriptor op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
   op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, a)
       .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b)
       .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, c)
-      .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, m.get())
-      .finalize();
-  parts_.push_back(std::move(m));
+      .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, product.get());
+  if (m) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, m);
+  if (n) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, n);
+  if (k) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, k);
+  op.finalize();
+  parts_.push_back(std::move(product));
   operations_.push_back(std::move(op));
 }
 

@@ -51,17 +51,21 @@ using TensorRef = cudnnBackendDescriptor_t;
 
 class Graph {
  public:
-  // A tensor bound to memory at execution by its uid; a virtual one lives inside the fused kernel.
+  // A tensor bound to memory at execution by its uid (the same tensor for the same uid); a virtual one lives inside
+  // the fused kernel.
   TensorRef tensor(std::int64_t uid, cudnnDataType_t type, Dims dims, Dims strides);
   TensorRef virtual_tensor(cudnnDataType_t type, Dims dims, Dims strides);
-  // A [1, 1, 1, 1] value passed by host pointer at execution; the same tensor for the same uid.
+  // A [1, 1, 1, 1] value passed by host pointer at execution (the same tensor for the same uid).
   TensorRef scalar(std::int64_t uid, cudnnDataType_t type);
 
   // y = mode(x[, b[, t]]) elementwise, computed in `precision`; GEN_INDEX takes the axis it indexes.
   void pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, TensorRef t, TensorRef y,
                  cudnnDataType_t precision = CUDNN_DATA_FLOAT, std::int64_t axis = -1);
   TensorRef pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, const Dims& dims, const Dims& strides);
-  void matmul(TensorRef a, TensorRef b, TensorRef c);       // c = a·b over the last two axes, f32 accumulation
+  // c = a·b over the last two axes, f32 accumulation; each override (when not null) gives a [batch] tensor of the
+  // rows (M), columns (N) or inner size (K) each batch element actually has.
+  void matmul(TensorRef a, TensorRef b, TensorRef c, TensorRef m = nullptr, TensorRef n = nullptr,
+              TensorRef k = nullptr);
   void reduce(cudnnReduceTensorOp_t op, TensorRef x, TensorRef y);  // over the axes where y's size is 1
   void reshape(TensorRef x, TensorRef y);                   // y: x's elements under other dims and strides
 
@@ -73,7 +77,7 @@ class Graph {
                        bool by_value);
   std::vector<Descriptor> tensors_, parts_, operations_;
   std::vector<std::int64_t> uids_;
-  std::map<std::int64_t, TensorRef> scalars_;
+  std::map<std::int64_t, TensorRef> bound_;  // the tensors with uids
   std::int64_t next_virtual_uid_ = std::int64_t{1} << 40;
 };
 

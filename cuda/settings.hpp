@@ -33,7 +33,7 @@ void set_element_compilation(ElementCompilation mode);
 ElementCompilation element_compilation();
 
 // Which kernels run nn::dot_product_attention on a GPU: cuDNN's fused flash attention for the problems it takes (bf16
-// and f16 without dropout, a bias or key padding: docs/attention.md) and tapegrad's own for the
+// and f16 without dropout or a bias: docs/attention.md) and tapegrad's own for the
 // rest, the default; or tapegrad's own for all (to compare the two). cuDNN is loaded at run time; without it every
 // problem runs on tapegrad's kernels.
 enum class AttentionKernels { cudnn_where_it_applies, tapegrad };

@@ -103,6 +103,27 @@ Geometry packed_geometry(const Shape& shape, std::int64_t q_heads, std::int64_t 
           .out_shape = Shape(joined(lead, {S, q_heads * D}))};
 }
 
+// p with its length pointers at these host vectors (null where one is empty).
+attention::Problem with_host_lengths(attention::Problem p, const std::vector<std::int64_t>& q_lengths,
+                                     const std::vector<std::int64_t>& kv_lengths) {
+  p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
+  p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
+  return p;
+}
+
+// Whether a query within its batch's length sees no key under p's masks (p's lengths on the host).
+bool some_query_sees_no_key(const attention::Problem& p) {
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t queries = p.q_lengths ? p.q_lengths[b] : p.Sq;
+    for (std::int64_t i = 0; i < queries; ++i) {
+      std::int64_t begin, end;
+      p.key_range(b, i, begin, end);
+      if (end <= begin) return true;
+    }
+  }
+  return false;
+}
+
 void apply_options(Geometry& g, const AttentionOptions& o) {
   attention::Problem& p = g.problem;
   const double scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.D)));
@@ -128,6 +149,7 @@ void apply_options(Geometry& g, const AttentionOptions& o) {
   p.dropout = o.dropout;
   p.dropout_seed = o.dropout_seed;
   p.deterministic = o.deterministic;
+  p.queries_without_keys = some_query_sees_no_key(with_host_lengths(p, o.q_lengths, o.kv_lengths));
 }
 
 void apply_bias(Geometry& g, const Shape& bias) {
@@ -141,14 +163,6 @@ void apply_bias(Geometry& g, const Shape& bias) {
   p.has_bias = true;
   p.bias_batch = Bb == 1 ? 0 : Hb * p.Sq * p.Sk;
   p.bias_head = Hb == 1 ? 0 : p.Sq * p.Sk;
-}
-
-// p with its length pointers at these host vectors (null where one is empty).
-attention::Problem with_host_lengths(attention::Problem p, const std::vector<std::int64_t>& q_lengths,
-                                     const std::vector<std::int64_t>& kv_lengths) {
-  p.q_lengths = q_lengths.empty() ? nullptr : q_lengths.data();
-  p.kv_lengths = kv_lengths.empty() ? nullptr : kv_lengths.data();
-  return p;
 }
 
 // The mask and the weights the composite multiplies the probabilities by, on the host: mask [B, 1, Sq, Sk] is 0

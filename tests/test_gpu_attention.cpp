@@ -99,8 +99,8 @@ bool cudnn_backward(const std::string& kernels) {
 
 // The problems of causal language models, on cuDNN in bf16 and f16 (each call reports the kernels it runs): both
 // layouts, grouped-query heads, causal masks of both alignments with Sq ≠ Sk, sliding windows (one side or both,
-// either alignment), head sizes 64, 128 and 256, lengths that are not multiples of a tile. f32 and f64 say why they
-// stay on tapegrad's kernels.
+// either alignment), per-batch lengths (padding, with the masks per batch element), head sizes 64, 128 and 256,
+// lengths that are not multiples of a tile. f32 and f64 say why they stay on tapegrad's kernels.
 TEST_CASE_TEMPLATE("dot_product_attention on cuDNN matches the cpu in double where cuDNN takes the call", T,
                    TAPEGRAD_GPU_DTYPES) {
   using nn::AttentionLayout;
@@ -117,6 +117,11 @@ TEST_CASE_TEMPLATE("dot_product_attention on cuDNN matches the cpu in double whe
       {{1, 2, 100, 64}, {1, 2, 300, 64}, {1, 2, 300, 64}, {}, {.window_left = 20, .window_right = 10}},
       {{1, 2, 100, 64}, {1, 2, 130, 64}, {1, 2, 130, 64}, {},
        {.bottom_right = false, .window_left = 40, .window_right = 0}},
+      {{2, 4, 129, 64}, {2, 4, 129, 64}, {2, 4, 129, 64}, {}, {.q_lengths = {129, 70}, .kv_lengths = {129, 30}}},
+      {{2, 200, 4, 64}, {2, 200, 2, 64}, {2, 200, 2, 64}, {},
+       {.causal = true, .q_lengths = {200, 77}, .kv_lengths = {200, 77}, .layout = AttentionLayout::bshd}},
+      {{2, 2, 64, 64}, {2, 2, 256, 64}, {2, 2, 256, 64}, {},
+       {.causal = true, .window_left = 30, .q_lengths = {64, 10}, .kv_lengths = {256, 100}}},
   };
   for (std::size_t c = 0; c < cases.size(); ++c) {
     CAPTURE(c);
@@ -179,7 +184,7 @@ TEST_CASE("dot_product_attention on cuDNN: deterministic gives the same bits run
 
   CHECK(nn::dot_product_attention_kernels(q, k, v, {.dropout = 0.1}).forward ==
         "tapegrad: dropout (cuDNN draws its own numbers)");
-  CHECK(nn::dot_product_attention_kernels(q, k, v, {.kv_lengths = {5, 7}}).forward == "tapegrad: per-batch lengths");
+  CHECK(nn::dot_product_attention_kernels(q, k, v, {.kv_lengths = {0, 7}}).forward == "tapegrad: a query that sees no key");
   cuda::set_attention_kernels(cuda::AttentionKernels::tapegrad);
   CHECK(nn::dot_product_attention_kernels(q, k, v).forward == "tapegrad: chosen by set_attention_kernels");
   cuda::set_attention_kernels(cuda::AttentionKernels::cudnn_where_it_applies);
