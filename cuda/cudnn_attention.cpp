@@ -92,13 +92,17 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
   }
   if (p.queries_without_keys) return "a query that sees no key";  // tapegrad's kernels give it zeros
   // The frontend's limits without padding.
-  const bool shifted = p.bottom_right && p.Sq != p.Sk;
-  if (!padded(p) && p.Sq > p.Sk && (((p.causal || p.window_right >= 0) && shifted) || p.window_left >= 0)) {
+  const bool right_bound = p.causal || p.window_right >= 0, shifted = p.bottom_right && p.Sq != p.Sk;
+  if (!padded(p) && p.Sq > p.Sk && ((right_bound && shifted) || p.window_left >= 0)) {
     return "a bottom-right mask or a left window with more queries than keys";
   }
   // Versions with known bugs, as the frontend refuses them.
   const std::size_t version = cudnn::api()->version();
   if (version == 91000 || version == 91001) return "cuDNN 9.10.0 and 9.10.1 (known bugs)";
+  if (version < 91002 && p.window_left >= 0 && !right_bound) return "a left window alone before cuDNN 9.10.2";
+  if (version <= 90900 && p.window_left >= 0 && right_bound && p.bottom_right && p.Sq == p.Sk) {
+    return "cuDNN 9.9 and older's bug with a bottom-right band";
+  }
   if (version == 91400 && p.window_left >= 0 && !p.causal && p.Sk > 1024) {
     return "cuDNN 9.14.0's bug with sliding windows over more than 1024 keys";
   }
