@@ -167,8 +167,9 @@ TensorRef padding_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
     g.pointwise(CUDNN_POINTWISE_CMP_LT, index, limit, nullptr, y, CUDNN_DATA_BOOLEAN);
     return y;
   };
-  const TensorRef rows = below(indices(g, s, z, 2, CUDNN_DATA_INT32), lengths(g, key, false));
-  const TensorRef columns = below(indices(g, s, z, 3, CUDNN_DATA_INT32), lengths(g, key, true));
+  // (both indices before the comparisons, the frontend's order of operations)
+  const TensorRef row = indices(g, s, z, 2, CUDNN_DATA_INT32), column = indices(g, s, z, 3, CUDNN_DATA_INT32);
+  const TensorRef rows = below(row, lengths(g, key, false)), columns = below(column, lengths(g, key, true));
   const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
   g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, rows, columns, nullptr, keep, CUDNN_DATA_BOOLEAN);
   return select(g, s, keep, z);
