@@ -4,6 +4,8 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,8 +109,8 @@ const Entry& entry(const Key& key) {
   if (inserted) {
     try {
       const OnDevice on(key.device);
-      at->second.plan = std::make_unique<cudnn::Plan>(key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key),
-                                                      cudnn::handle(key.device));
+      cudnn::Graph graph = key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key);
+      at->second.plan = std::make_unique<cudnn::Plan>(std::move(graph), cudnn::handle(key.device));
     } catch (const cudnn::Refused& refused) {
       at->second.refusal = refused.what;
     } catch (...) {
@@ -126,6 +128,14 @@ const cudnn::Plan* plan_for(DType dtype, const Problem& p, bool backward, int de
   const Entry& e = entry(key_of(dtype, p, backward, device));
   refusal = e.refusal;
   return e.plan.get();
+}
+
+// Whether every tensor's memory starts on 16 bytes, as the graphs declare (the strides were checked with the problem).
+bool on_16_bytes(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 const void* at(const void* base, const RowStrides& r, DType dtype) {
@@ -229,7 +239,7 @@ bool cudnn_attention_forward(DType dtype, const Problem& p, const void* q, const
                              void* log_sums, int device) {
   std::string refusal;
   const cudnn::Plan* plan = plan_for(dtype, p, false, device, refusal);
-  if (!plan) return false;
+  if (!plan || !on_16_bytes({q, k, v, o})) return false;
   const Inputs inputs(dtype, p, q, k, v, o, log_sums, device);
   run(*plan, device, inputs.bindings);
   if (padded(p)) attention_clear_padding(dtype, p, o, p.o, p.q_heads, p.Dv, true, log_sums, device);
@@ -241,7 +251,7 @@ bool cudnn_attention_backward(DType dtype, const Problem& p, const void* q, cons
                               void* dv, int device) {
   std::string refusal;
   const cudnn::Plan* plan = plan_for(dtype, p, true, device, refusal);
-  if (!plan) return false;
+  if (!plan || !on_16_bytes({q, k, v, o, dout, dq, dk, dv})) return false;
   Inputs inputs(dtype, p, q, k, v, o, log_sums, device);
   const Scratch dq_copy(inputs.gathered ? q_bytes(dtype, p) : 0, device);
   const Scratch dq_sum(p.deterministic ? 0 : static_cast<std::size_t>(p.batch * p.q_heads * p.Sq * p.D) * sizeof(float),
