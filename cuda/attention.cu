@@ -282,12 +282,12 @@ __global__ void __launch_bounds__(threads) attention_forward_kernel(const Proble
   }
 }
 
-// Each batch element's valid queries and keys as int32: out[b] and out[batch + b].
-__global__ void attention_lengths_kernel(const Problem p, std::int32_t* out) {
+// Each batch element's valid queries and keys as int32.
+__global__ void attention_lengths_kernel(const Problem p, std::int32_t* queries, std::int32_t* keys) {
   for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; b < p.batch;
        b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[b] = static_cast<std::int32_t>(p.q_lengths ? p.q_lengths[b] : p.Sq);
-    out[p.batch + b] = static_cast<std::int32_t>(p.kv_lengths ? p.kv_lengths[b] : p.Sk);
+    queries[b] = static_cast<std::int32_t>(p.q_lengths ? p.q_lengths[b] : p.Sq);
+    keys[b] = static_cast<std::int32_t>(p.kv_lengths ? p.kv_lengths[b] : p.Sk);
   }
 }
 
@@ -567,10 +567,10 @@ bool cudnn_allowed() { return attention_kernels() == AttentionKernels::cudnn_whe
 void set_attention_kernels(AttentionKernels kernels) { chosen_kernels.store(kernels, std::memory_order_relaxed); }
 AttentionKernels attention_kernels() { return chosen_kernels.load(std::memory_order_relaxed); }
 
-void attention_lengths_int32(const Problem& p, std::int32_t* out, int device) {
+void attention_lengths_int32(const Problem& p, std::int32_t* queries, std::int32_t* keys, int device) {
   if (p.batch == 0) return;
   const Launch launch(device);
-  attention_lengths_kernel<<<launch.blocks_for(p.batch, threads), threads, 0, launch.stream()>>>(p, out);
+  attention_lengths_kernel<<<launch.blocks_for(p.batch, threads), threads, 0, launch.stream()>>>(p, queries, keys);
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 

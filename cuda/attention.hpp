@@ -25,10 +25,10 @@ void attention_backward(DType dtype, const attention::Problem& p, const void* q,
                         void* dk, void* dv, void* dbias, int device);
 
 // What cuda/cudnn_attention.cpp needs around cuDNN's padded attention: each batch element's valid queries and keys
-// as int32, out[b] and out[batch + b] (Sq and Sk where p has no lengths); and zeros in the rows of t [batch, heads, S,
+// as int32 (Sq and Sk where p has no lengths); and zeros in the rows of t [batch, heads, S,
 // width] (strides r) past each batch element's queries (S = Sq; -inf in log_sums' rows too when not null) or keys
 // (S = Sk), which cuDNN leaves unwritten.
-void attention_lengths_int32(const attention::Problem& p, std::int32_t* out, int device);
+void attention_lengths_int32(const attention::Problem& p, std::int32_t* queries, std::int32_t* keys, int device);
 void attention_clear_padding(DType dtype, const attention::Problem& p, void* t, const attention::RowStrides& r,
                              std::int64_t heads, std::int64_t width, bool queries, void* log_sums, int device);
 

@@ -187,26 +187,28 @@ class Inputs {
         scale_(static_cast<float>(p.scale)),
         // cuDNN before 9.10 needs a finite mask value
         minus_inf_(cudnn::api()->version() >= 91000 ? -INFINITY : -FLT_MAX),
-        queries_(static_cast<std::int32_t>(p.Sq)),
-        keys_(static_cast<std::int32_t>(p.Sk)),
+        query_count_(static_cast<std::int32_t>(p.Sq)),
+        key_count_(static_cast<std::int32_t>(p.Sk)),
         right_bound_(static_cast<std::int32_t>(p.window_right)),
         // keys j with j + left_bound > the query's row: the diagonal's shift folded in, as the frontend does
         left_bound_(static_cast<float>(p.window_left + 1 - (p.bottom_right ? p.Sk - p.Sq : 0))),
         left_window_(static_cast<std::int32_t>(p.window_left + 1)),
         q_copy_(gathered ? q_bytes(dtype, p) : 0, device),
-        lengths_(padded(p) ? 2 * static_cast<std::size_t>(p.batch) * sizeof(std::int32_t) : 0, device) {
+        // the keys' lengths start on 16 bytes, as the graphs declare
+        key_lengths_at_((p.batch + 3) / 4 * 4),
+        lengths_(padded(p) ? 2 * static_cast<std::size_t>(key_lengths_at_) * sizeof(std::int32_t) : 0, device) {
     if (gathered) strided_copy(dtype, at(q, p.q, dtype), q_copy_.data(), group_axes(p, true), device);
-    if (padded(p)) attention_lengths_int32(p, static_cast<std::int32_t*>(lengths_.data()), device);
+    if (padded(p)) attention_lengths_int32(p, query_lengths(), key_lengths(), device);
     bindings = {{scale_uid, &scale_},
                 {minus_inf_uid, &minus_inf_},
                 {one_uid, &one_},
-                {q_length_uid, &queries_},
-                {kv_length_uid, &keys_},
+                {q_length_uid, &query_count_},
+                {kv_length_uid, &key_count_},
                 {right_bound_uid, &right_bound_},
                 {left_bound_uid, &left_bound_},
                 {left_window_uid, &left_window_},
-                {q_lengths_uid, lengths_.data()},
-                {kv_lengths_uid, static_cast<std::int32_t*>(lengths_.data()) + p.batch},
+                {q_lengths_uid, query_lengths()},
+                {kv_lengths_uid, key_lengths()},
                 {q_uid, gathered ? q_copy_.data() : at(q, p.q, dtype)},
                 {k_uid, at(k, p.k, dtype)},
                 {v_uid, at(v, p.v, dtype)},
@@ -221,10 +223,15 @@ class Inputs {
 
  private:
   float scale_, minus_inf_, one_ = 1;
-  std::int32_t queries_, keys_, right_bound_;
+  std::int32_t query_count_, key_count_, right_bound_;
   float left_bound_;
   std::int32_t left_window_;
-  Scratch q_copy_, lengths_;  // lengths_: with padding, each batch element's queries then keys, as int32
+  Scratch q_copy_;
+  std::int64_t key_lengths_at_;
+  Scratch lengths_;  // with padding: each batch element's valid queries, then (at key_lengths_at_) keys, as int32
+
+  std::int32_t* query_lengths() const { return static_cast<std::int32_t*>(lengths_.data()); }
+  std::int32_t* key_lengths() const { return query_lengths() ? query_lengths() + key_lengths_at_ : nullptr; }
 };
 
 }  // namespace
