@@ -187,15 +187,20 @@ template <class T> std::vector<Tensor<T>> attention_backward(const AttentionSave
 }
 
 AttentionKernels kernels_of(DType dtype, Device device, const Geometry& g, const AttentionOptions& options) {
-  if (device.is_cpu()) return {"cpu", "cpu"};
-  // Only whether lengths are set matters here.
-  const attention::Problem p = with_host_lengths(g.problem, options.q_lengths, options.kv_lengths);
-  const auto choice = [&](bool backward) -> std::string {
-    if (cuda::attention_kernels() == cuda::AttentionKernels::tapegrad) return "tapegrad: chosen by set_attention_kernels";
-    const std::string refusal = cuda::cudnn_attention_refusal(dtype, p, backward, device.index);
-    return refusal.empty() ? "cudnn" : "tapegrad: " + refusal;
-  };
-  return {choice(false), choice(true)};
+  return by_device(
+      op_name, device, [] { return AttentionKernels{"cpu", "cpu"}; },
+      [&](auto gpu) {
+        // Only whether lengths are set matters here.
+        const attention::Problem p = with_host_lengths(g.problem, options.q_lengths, options.kv_lengths);
+        const auto choice = [&](bool backward) -> std::string {
+          if (cuda::attention_kernels() == cuda::AttentionKernels::tapegrad) {
+            return "tapegrad: chosen by set_attention_kernels";
+          }
+          const std::string refusal = cuda::cudnn_attention_refusal(dtype, p, backward, gpu.index);
+          return refusal.empty() ? "cudnn" : "tapegrad: " + refusal;
+        };
+        return AttentionKernels{choice(false), choice(true)};
+      });
 }
 
 // Where the recorded backward node lays each input's gradient in its one output row: the inputs' in order.
