@@ -133,7 +133,7 @@ TEST_CASE_TEMPLATE("dot_product_attention on cuDNN matches the cpu in double whe
       CHECK(kernels.forward == "cudnn");
       CHECK(cudnn_backward(kernels.backward));
     } else {
-      CHECK(kernels.forward == std::string("tapegrad: dtype ") + dtype_name(dtype_v<T>));
+      CHECK(kernels.forward == "tapegrad: dtype " + std::string(dtype_name(dtype_v<T>)));
     }
     check_against_cpu<T>(
         "dot_product_attention",
