@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(threads) attention_forward_kernel(const Proble
         sS[r * lds + c] = kept ? (p.dropout > 0 ? e * keep_scale : e) : C(0);
       }
       total = warp_sum(total);
+      __syncwarp();  // every lane has read row_max[r] before lane 0 writes it
       if (lane == 0) {
         const C rescale = seen ? exp_of(old_max - new_max) : C(1);
         row_scale[r] = rescale;
