@@ -1,11 +1,12 @@
 // tapegrad micro-benchmarks: one JSON object per measurement on stdout.
 //
-//   tapegrad_bench [--quick] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [higher_order]
+//   tapegrad_bench [--quick | --reps N] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [higher_order]
 //                  [attention] [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order] [gpu_attention]
 //                  [gpu_transformer_layer]
 //
-// With no group named, all run. --quick cuts repetitions (a smoke test); --threads sets tapegrad's pool and
-// OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
+// With no group named, all run. --quick cuts repetitions (a smoke test); --reps N times N repetitions after 5 untimed
+// ones, as the peer scripts do with ITERS=N (equal run lengths keep the GPU's clocks comparable); --threads sets
+// tapegrad's pool and OpenBLAS to N threads. The GPU groups exist in builds with CUDA and skip themselves without a GPU.
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -47,12 +48,15 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       bench::budget = {.warmup = 1, .min_reps = 2, .min_seconds = 0, .max_reps = 2};
+    } else if (arg == "--reps" && i + 1 < argc) {  // the peer scripts' protocol: 5 untimed, then N timed
+      const int reps = std::max(1, std::stoi(argv[++i]));
+      bench::budget = {.warmup = 5, .min_reps = reps, .min_seconds = 0, .max_reps = reps};
     } else if (arg == "--threads" && i + 1 < argc) {
       tapegrad::set_num_threads(std::stoi(argv[++i]));
     } else if (is_group(arg)) {
       groups.insert(arg);
     } else {
-      std::cerr << "usage: tapegrad_bench [--quick] [--threads N]";
+      std::cerr << "usage: tapegrad_bench [--quick | --reps N] [--threads N]";
       for (const char* g : cpu_groups) std::cerr << " [" << g << "]";
       if (tapegrad::cuda::enabled) {
         for (const char* g : gpu_groups) std::cerr << " [" << g << "]";
