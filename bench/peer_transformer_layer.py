@@ -10,7 +10,8 @@ Biases everywhere, LayerNorm epsilon 1e-5, bf16 parameters and compute, B*S = 81
 F.scaled_dot_product_attention (PyTorch's choice of backend) and jax.nn.dot_product_attention(implementation=
 'cudnn'). A step is the forward and the backward into every parameter and x (JAX: jit of the vjp, the output
 returned too). One JSON line per (config, system): median ms (CUDA events; JAX: wall time until ready), TFLOP/s on
-gpu_transformer_layer's count, peak extra MiB (torch); "error" where a system fails.
+gpu_transformer_layer's count, peak extra MiB (torch); "error" where a system fails. "floor_products_attention":
+the step's twelve GEMMs and cuDNN's attention alone, what no layer can go below at those kernels' rates.
 
 usage: peer_transformer_layer.py [torch] [jax] [config names]    (none named: all; as peer_attention.py, torch and
        jax are best run in separate processes)
@@ -25,8 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from peer_attention import attention_flops  # noqa: E402
-from peer_bench import (EPS, autograd_step, cuda_time_and_peak, jax_block, jax_norm, jax_step, jax_time,  # noqa: E402
-                        make_inputs, print_record, split_frameworks, to_jax, torch_block)
+from peer_bench import (EPS, autograd_step, cuda_time, cuda_time_and_peak, jax_block, jax_norm, jax_step,  # noqa: E402
+                        jax_time, make_inputs, print_record, split_frameworks, to_jax, torch_block)
 
 CONFIGS = [
     # name, B, S, H, heads, F: tapegrad_bench gpu_transformer_layer's (bench/gpu_transformer_layer.cpp)
@@ -90,6 +91,30 @@ def bench_jax(B, S, H, heads, Fd):
     return (*jax_time(jax_step(jax_layer(heads)), x, *params, dy), None)
 
 
+def bench_floor(B, S, H, heads, Fd):
+    """The step's floor: its twelve products (the four linears' forward, input-gradient and weight-gradient GEMMs,
+    torch.matmul) and cuDNN's fused attention forward + backward alone, back to back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    M, D = B * S, H // heads
+    r = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    linears = [(r(M, H), r(3 * H, H), r(M, 3 * H)), (r(M, H), r(H, H), r(M, H)),  # (input, weight, output gradient)
+               (r(M, H), r(Fd, H), r(M, Fd)), (r(M, Fd), r(H, Fd), r(M, H))]     # qkv, out, the MLP's two
+    q, k, v = (r(B, heads, S, D).requires_grad_(True) for _ in range(3))
+    do = r(B, heads, S, D)
+
+    def step():
+        for x, w, dy in linears:
+            torch.matmul(x, w.t())
+            torch.matmul(dy, w)
+            torch.matmul(dy.t(), x)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(o, (q, k, v), do)
+
+    med, lo, hi = cuda_time(step)
+    return med, lo, hi, None
+
+
 def main(argv):
     frameworks, only = split_frameworks(argv)
     for name, *config in CONFIGS:
@@ -98,7 +123,8 @@ def main(argv):
         systems = []
         if "torch" in frameworks:
             systems += [("torch_eager", lambda: bench_torch(*config, False)),
-                        ("torch_compile", lambda: bench_torch(*config, True))]
+                        ("torch_compile", lambda: bench_torch(*config, True)),
+                        ("floor_products_attention", lambda: bench_floor(*config))]
         if "jax" in frameworks:
             systems += [("jax_jit", lambda: bench_jax(*config))]
         for system, bench in systems:
