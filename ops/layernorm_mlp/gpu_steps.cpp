@@ -25,6 +25,16 @@ namespace {
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 void* bytes_of(std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
 
+// Weight w of `params` as the products read it (s.quantizer's weight(): rounded to T, its padding queued on `pads`, or
+// quantized, in both layouts).
+template <class T, class P>
+DeviceOperand<T> weight_operand(const GpuSaved<T>& s, const Params<P>& params, Weight w, Resizes<T>& pads) {
+  const auto [M, H, F, n] = s.dims;
+  const auto [Mp, Hp, Fp, np] = s.padded;
+  if (w == Weight::w2) return s.quantizer.weight(fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp}, pads);
+  return s.quantizer.weight(fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp}, pads);
+}
+
 template <class T, class P> class GpuSteps {
  public:
   using Value = T;
@@ -36,6 +46,8 @@ template <class T, class P> class GpuSteps {
 
   explicit GpuSteps(GpuSaved<T>& s)
       : s_(s), sharding_(s.options.tensor_parallel), device_(s.x.device()), form_(activation_form(s.options)) {}
+  // The forward's, which quantizes W2 from `params` where its product first reads it (fp8; second_product).
+  GpuSteps(GpuSaved<T>& s, const Params<P>& params) : GpuSteps(s) { params_ = &params; }
 
   const Sharding& sharding() const { return sharding_; }
   const LayerNormMLPOptions& options() const { return s_.options; }
@@ -70,6 +82,7 @@ template <class T, class P> class GpuSteps {
     FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, device_), {}};
     if (!gelu_epilogue(h)) {
       s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
+      if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();  // (read here alone)
       return out;
     }
     out.a = Tensor<T>(Shape{M, F}, device_);
@@ -95,15 +108,18 @@ template <class T, class P> class GpuSteps {
     return input(fp8::Role::activation, {a}, layouts, pass);
   }
 
-  // y (padded, [M, H]) = a · W2 + b2. With fp8 the backward reads the weights' codes, and W1's transpose only where it
-  // makes z again.
+  // y (padded, [M, H]) = a · W2 + b2. With fp8, W2 is quantized here, once a is made (its two layouts are not held
+  // beside a's values), and the backward reads its codes, not their transpose.
   Tensor<T> second_product(const Operand& a) const {
     const auto [M, H, F, n] = s_.padded;
+    if (!s_.w2.defined()) {
+      Resizes<T> none;  // (a quantized weight pads nothing)
+      s_.w2 = weight_operand(s_, *params_, Weight::w2, none);
+    }
     Tensor<T> y(Shape{M, H}, device_);
     const void* b2 = sharding_.adds_replicated_terms() ? data_or_null(s_.b2) : nullptr;
     s_.quantizer.product(a, s_.w2, Transpose::no, M, H, F, y.data(), b2, 0.0, true);
     s_.w2.codes.transposed.reset();
-    if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();
     return y;
   }
 
@@ -122,12 +138,13 @@ template <class T, class P> class GpuSteps {
   }
 
   // g · Wᵀ (+ the addend), padded: da = dy · W2ᵀ [M, F], or dh = dz · W1ᵀ [M, H] into a fresh tensor (the addend's
-  // copy where there is one).
+  // copy where there is one). The weight's codes go with their last product.
   Tensor<T> data_gradient(const Operand& g, Weight w, const Tensor<T>* addend = nullptr) const {
     const auto [M, H, F, n] = s_.padded;
     if (w == Weight::w2) {
       Tensor<T> da(Shape{M, F}, device_);
       s_.quantizer.product(g, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
+      give_up_codes(s_.w2);
       return da;
     }
     Tensor<T> dh;
@@ -135,6 +152,7 @@ template <class T, class P> class GpuSteps {
     else if (H == s_.dims.hidden) dh = addend->reshape(Shape{M, H}).clone();
     else dh = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
     s_.quantizer.product(g, s_.w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
+    give_up_codes(s_.w1);
     return dh;
   }
 
@@ -260,7 +278,15 @@ template <class T, class P> class GpuSteps {
            s_.padded.ffn % 8 == 0 && !h.quantized();
   }
 
+  // A saved weight's codes, given up by the backward after their last product. Only recompute_all's backward can run
+  // again (retain_graph) and read them; the other policies' second fp8 backward has no z and refuses to make it again
+  // (first_product's check) before it would read a weight. Values (no fp8) stay: a second backward reads them.
+  void give_up_codes(Operand& w) const {
+    if (w.quantized() && s_.options.recompute != Recompute::recompute_all) w = {};
+  }
+
   GpuSaved<T>& s_;
+  const Params<P>* params_ = nullptr;  // the forward's
   Sharding sharding_;
   Device device_;
   ActivationForm form_;
@@ -293,14 +319,14 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.x = pads.add(x.reshape(Shape{rows, H}), Shape{rows, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = s.quantizer.weight(fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp}, pads);
-  s.w2 = s.quantizer.weight(fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp}, pads);
+  s.w1 = weight_operand(s, params, Weight::w1, pads);
+  s.w2 = options.fp8 ? DeviceOperand<T>() : weight_operand(s, params, Weight::w2, pads);  // (fp8: second_product)
   if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
   if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
   pads.run();
   s.mean = Tensor<C>(Shape{s.norm.centered ? rows : 0}, device);
   s.rstd = Tensor<C>(Shape{rows}, device);
-  GpuSteps<T, P> steps(s);
+  GpuSteps<T, P> steps(s, params);
   const Forward<T> out = forward(steps);
   s.quantizer.end_pass();
   const Tensor<T> h = options.return_layernorm_output ? resized(out.h, Shape{rows, H}) : Tensor<T>();

@@ -36,7 +36,9 @@ template <class T> struct GpuSaved {
   Tensor<T> x, gamma, beta;         // x [rows, H] padded (else the input's storage); γ, β in T, β maybe undefined
   Tensor<compute_t<T>> mean, rstd;  // per row; mean stays empty for rmsnorm
   DeviceQuantizer<T> quantizer;
-  DeviceOperand<T> w1, w2;  // W1 [H, nF], W2 [F, H]; with fp8 their codes, W1's transpose only where z is remade
+  // W1 [H, nF], W2 [F, H]; with fp8 their codes (W2's made by the forward's second product), W1's transpose only
+  // where z is remade; the backward gives up each one's codes after its last product, but under recompute_all.
+  DeviceOperand<T> w1, w2;
   Tensor<T> b1, b2;         // undefined when absent
   DeviceOperand<T> h;       // [M, H], as dW1 reads it; kept by policy
   Tensor<T> z;              // [M, nF]; kept by policy
@@ -50,7 +52,8 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
 
 // From dy and, with return_layernorm_output, dh_out (each of rows · H elements, on the GPU): the gradients that
 // `need` asks for. Gives up the saved h and z as it goes (a later backward makes them again, bitwise the same), and
-// writes dz over z's memory. Tensor parallel: dh's sum over the ranks runs on a side stream beside dW1's product.
+// the weights' fp8 codes (but under recompute_all: a later fp8 backward of another policy refuses), and writes dz over
+// z's memory. Tensor parallel: dh's sum over the ranks runs on a side stream beside dW1's product.
 template <class T, class P>
 Gradients<T, Tensor<P>> gpu_backward(GpuSaved<T>& s, const Tensor<T>& dy, const Tensor<T>* dh_out, const Needs& need);
 

@@ -18,8 +18,8 @@
 // Saved (the backend's Saved, the node's context): what the norm needs again (x, its statistics, γ and β), the
 // weights as the products read them, the biases, and by policy h (as dW1 reads it) and z. a is never saved: the
 // backward's pass over z makes it beside ∂a/∂z. A recomputed h or z comes from the same operations with the same
-// statistics and scales, so every policy gives the same gradients. Memory: each temporary is released once its last
-// reader is queued (a GPU's pool reuses it in stream order).
+// statistics and scales, so every policy gives the same gradients. Memory: each temporary, and each layout of a
+// quantized one, is released once its last reader is queued (a GPU's pool reuses it in stream order).
 #pragma once
 
 #include <utility>
@@ -35,8 +35,9 @@ template <class Steps> Forward<typename Steps::Value> forward(Steps& s) {
   const Sharding& sharding = s.sharding();
   const Recompute policy = s.options().recompute;
   const bool keep_h = policy == Recompute::save_all;
-  const Tensor<T> h_rows = s.norm(Statistics::compute);  // this rank's rows
+  Tensor<T> h_rows = s.norm(Statistics::compute);  // this rank's rows
   auto h = s.input(fp8::Role::input, {sharding.gathered_rows(h_rows)}, {.columns = true, .rows = keep_h}, Pass::first);
+  if (!s.options().return_layernorm_output) h_rows = {};  // (a quantized h then holds its codes alone)
   const FirstProduct<T> first = s.first_product(h);
   if (keep_h) s.keep_h(h.weight_gradient_layout());
   h = {};
@@ -77,7 +78,9 @@ Gradients<typename Steps::Value, typename Steps::Grad> backward(Steps& s, const 
     return g;
   }
 
-  auto activation = s.activation_backward(std::move(z), s.data_gradient(dyq, Weight::w2), {.rows = need.w2},
+  Tensor<T> da = s.data_gradient(dyq, Weight::w2);
+  dyq = dyq.weight_gradient_layout();  // (quantized: the layout da's product read goes, dW2 reads the other)
+  auto activation = s.activation_backward(std::move(z), std::move(da), {.rows = need.w2},
                                          {.columns = need_dh, .rows = need.w1}, need.b1);
   g.db1 = std::move(activation.db1);
   if (need.w2) {
