@@ -19,12 +19,15 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "fp8_mlp_cases.hpp"
 #include "gpu_reference.hpp"
+#include "tapegrad/tensor/gpu/graph.hpp"
 
 using namespace tapegrad;
 using namespace tapegrad::mlp_test;
@@ -143,6 +146,99 @@ TEST_CASE("delayed scaling's state after GPU steps is the CPU's") {
     if (same_values) CHECK(gpu_state.scale(role) == cpu_state.scale(role));
     else CHECK(gpu_state.scale(role) == doctest::Approx(cpu_state.scale(role)).epsilon(1e-3));
   }
+}
+
+namespace {
+
+const Device host = Device::cpu();
+
+// A training step that a CUDA graph can capture: forward, backward with dy, the gradients kept in place, delayed
+// scaling's step ended on the device; y copied to `y` (the graph's memory holds each replay's).
+struct DeviceStep {
+  Tensor<float> x, dy;
+  Params<float> params;
+  LayerNormMLPOptions options;
+  Tensor<float> y;
+  void operator()() {
+    for (auto v : defined_params(params)) v.zero_grad();
+    const auto out = node(constant(x), params, options);
+    backward(out.y, dy);
+    y = out.y.value();
+    options.fp8->state->update();
+    Tape::active().clear();
+  }
+};
+
+DeviceStep device_step(const Case& c, std::uint64_t seed) {
+  DeviceStep s{.x = randn<float>({24, 48}, seed, 0.2, 1.0).to(gpu),
+               .dy = randn<float>({24, 48}, seed + 1).to(gpu),
+               .params = params_in<float>(make_params<float>(c, 48, 64, seed + 2), gpu),
+               .options = c.options,
+               .y = Tensor<float>()};
+  s.options.fp8 = fp8_quantization(fp8::DelayedScaling{.amax_history_len = 3});
+  return s;
+}
+
+void check_same_state(const fp8::ScalingState& got, const fp8::ScalingState& want) {
+  const fp8::ScalingState::Snapshot g = got.snapshot(), w = want.snapshot();
+  CHECK(g.steps == w.steps);
+  CHECK(g.pending == w.pending);
+  CHECK(g.histories == w.histories);
+  CHECK(g.scales == w.scales);
+}
+
+}  // namespace
+
+TEST_CASE("delayed scaling's whole step (forward, backward, update) captures as a CUDA graph") {
+  // The state stays on the device: a replay reads its scales there and ends its step there. Replays give the eager
+  // steps' bits: y, the gradients, the histories and scales.
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Case c{.options = {.activation = Activation::gelu}};
+  DeviceStep eager = device_step(c, seed), graphed = device_step(c, seed);
+  eager();
+  graphed();  // (uncaptured first: the state goes to the device, GEMM algorithms are chosen)
+  const cuda::Graph graph = cuda::Graph::capture(0, std::ref(graphed));
+  for (int replay = 0; replay < 4; ++replay) {
+    CAPTURE(replay);
+    eager();
+    graph.replay();
+    CHECK(test::bitwise_equal(graphed.y.to(host), eager.y.to(host)));
+    const auto want = defined_params(eager.params), got = defined_params(graphed.params);
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      CHECK(test::bitwise_equal(got[k].grad().to(host), want[k].grad().to(host)));
+    }
+  }
+  check_same_state(*graphed.options.fp8->state, *eager.options.fp8->state);
+  CHECK(graphed.options.fp8->state->steps() == 5);
+}
+
+TEST_CASE("a non-finite amax on the GPU: the device refuses the step, the state's next read says so, steps go on") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Case c{.options = {.activation = Activation::gelu}};
+  DeviceStep s = device_step(c, seed), reference = device_step(c, seed);
+  for (int k = 0; k < 2; ++k) {
+    s();
+    reference();
+  }
+  const fp8::ScalingState& state = *s.options.fp8->state;
+  const fp8::ScalingState::Snapshot before = state.snapshot();
+  const Tensor<float> good_x = s.x;
+  Tensor<float> bad = good_x.to(host);
+  bad.flat(5) = std::numeric_limits<float>::quiet_NaN();
+  s.x = bad.to(gpu);
+  s();  // queued without a wait: the device refuses the step when update() ends it
+  CHECK_THROWS_WITH_AS(state.steps(), doctest::Contains("the amax of h at step 2 is nan"), Error);
+  const fp8::ScalingState::Snapshot after = state.snapshot();  // histories and scales as before, the amaxes dropped
+  CHECK(after.histories == before.histories);
+  CHECK(after.scales == before.scales);
+  CHECK(after.steps == 2);
+  s.x = good_x;
+  s();
+  reference();
+  check_same_state(state, *reference.options.fp8->state);
+  CHECK(test::bitwise_equal(s.y.to(host), reference.y.to(host)));
 }
 
 TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second run and under every policy") {

@@ -9,6 +9,7 @@
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
+#include "tapegrad/ops/fp8/detail/state_on_device.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/detail/fill.hpp"
 
@@ -27,7 +28,6 @@ class PerTensorScaling : public DeviceRecipe {
                     Pass pass) const override {
     const Fp8Codes out = codes_for(role, rows, cols, layouts);
     make_scale(role, dtype, x, rows * cols, pass);
-    const bool record = records(pass);
     cuda::fp8_quantize({.dtype = dtype,
                         .x = x,
                         .rows = rows,
@@ -37,9 +37,8 @@ class PerTensorScaling : public DeviceRecipe {
                         .codes = layouts.columns ? out.codes->data() : nullptr,
                         .transposed = layouts.rows ? out.transposed->data() : nullptr,
                         .transposed_ld = out.transposed_ld,
-                        .amax = record ? slot(role, amax_field) : nullptr},
+                        .amax = records(pass) ? amax_slot(role) : nullptr},
                        device_.index);
-    if (record) record_later(role);  // read when the state's step ends: the step does not wait for the device
     return out;
   }
 
@@ -69,76 +68,41 @@ class PerTensorScaling : public DeviceRecipe {
   virtual void make_scale(fp8::Role, DType, const void*, std::int64_t, Pass) const {}
   // Whether the quantization merges the tensor's amax into the role's: delayed scaling records the pass's first.
   virtual bool records(Pass) const { return false; }
-  virtual void record_later(fp8::Role) const {}
+  // Where it merges it.
+  virtual float* amax_slot(fp8::Role role) const { return slot(role, amax_field); }
 
   Tensor<float> scalars_;  // [role_count, fields]; scale_inv first: 16-byte aligned, as cuBLASLt reads it
 };
 
+// The state's scales and amaxes stay on the device (ops/fp8/detail/state_on_device.hpp): the step's scalars are
+// written there from them, and each quantization merges its amax there.
 class DelayedScaling final : public PerTensorScaling {
  public:
   DelayedScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
-      : PerTensorScaling(op, q, device, std::move(group), step_scales(*q.state, device)) {}
+      : PerTensorScaling(op, q, device, std::move(group), Tensor<float>(Shape{fp8::role_count, fields}, device)) {
+    state().begin_step(scalars_.data(), fields, scale_inv_field, scale_field);
+  }
 
-  // With an amax group: the step's scalars of every rank gathered (on the device, no wait), from which the amaxes this
-  // pass recorded are read, their maximum over the ranks.
+  // With an amax group: the amaxes recorded so far, their maximum over the ranks (one collective a pass).
   void end_pass() const override {
-    if (!group_) return;
-    Tensor<float> gathered = group_->comm.all_gather(scalars_);
-    if (open_) {
-      open_->device = std::move(gathered);
-      open_->ranks = group_->comm.size();
-    }
-    open_.reset();
+    if (group_) state().reduce_over(group_->comm);
   }
 
   std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
                                   Pass pass) const override {
-    const bool record = records(pass);
-    if (record) record_later(role);
     Fp8Target out;
     out.codes = codes_for(role, rows, cols, layouts);
     out.scale = slot(role, scale_field);
-    out.amax = record ? slot(role, amax_field) : nullptr;
+    out.amax = records(pass) ? amax_slot(role) : nullptr;
     return out;
   }
 
  private:
-  // The step's scales from the state (which first ends its previous step), and zero amaxes.
-  static Tensor<float> step_scales(fp8::ScalingState& state, Device device) {
-    if (state.pending()) state.update();
-    Tensor<float> host = zeros<float>({fp8::role_count, fields});
-    for (fp8::Role role : fp8::roles) {
-      const float scale = state.scale(role);
-      host.flat(static_cast<std::int64_t>(role) * fields + scale_inv_field) = 1.0f / scale;
-      host.flat(static_cast<std::int64_t>(role) * fields + scale_field) = scale;
-    }
-    return host.to(device);
-  }
+  // (asked for at each use: a read of the state on the host between passes brings it home, and the next use here
+  // takes it to the device again)
+  DelayedStateOnDevice& state() const { return delayed_state_on(*q_.state, device_); }
   bool records(Pass pass) const override { return pass == Pass::first; }
-
-  // Where recorded amaxes are read from: the step's scalars, or with an amax group every rank's, gathered at the
-  // pass's end ([ranks · role_count, fields]); copied to the host once, by the first read.
-  struct Recorded {
-    Tensor<float> device;
-    std::int64_t ranks = 1;
-    Tensor<float> host;
-    float amax(fp8::Role role) {
-      if (!host.defined()) host = device.to(Device::cpu());
-      float out = 0.0f;
-      for (std::int64_t r = 0; r < ranks; ++r) {
-        const float a = host.flat((r * fp8::role_count + static_cast<std::int64_t>(role)) * fields + amax_field);
-        out = std::isnan(a) || std::isnan(out) ? NAN : std::max(out, a);  // (a NaN wins: the step is refused)
-      }
-      return out;
-    }
-  };
-  // The state reads role's amax from the device when its step ends. The amaxes recorded since the last read (within
-  // one pass, with a group) share one host copy: the step's end reads the device once a pass, not once per amax.
-  void record_later(fp8::Role role) const override {
-    if (!open_ || open_->host.defined()) open_ = std::make_shared<Recorded>(Recorded{.device = scalars_});
-    q_.state->record_later(role, [recorded = open_, role] { return recorded->amax(role); });
-  }
-  mutable std::shared_ptr<Recorded> open_;
+  float* amax_slot(fp8::Role role) const override { return state().amax(role); }
 };
 
 class CurrentScaling final : public PerTensorScaling {

@@ -68,39 +68,77 @@ ScalingState::ScalingState(const DelayedScaling& recipe) : recipe_(recipe) {
   scales_.fill(1.0f);
 }
 
+ScalingState::~ScalingState() = default;
+
 float& ScalingState::history(Role role, int slot) const {
   return histories_[index(role) * static_cast<std::size_t>(recipe_.amax_history_len) + static_cast<std::size_t>(slot)];
 }
 
+namespace {
+Error refusal(Role role, std::int64_t step, float amax) {
+  return Error(detail::concat("layernorm_mlp: fp8 delayed scaling: the amax of ", role_name(role), " at step ", step,
+                              " is ", amax,
+                              ": the tensor held an infinity or a NaN; the step's amaxes were dropped and the scales "
+                              "kept"));
+}
+}  // namespace
+
+void ScalingState::download() const {
+  if (!device_) return;
+  auto [values, refused] = device_->download();
+  histories_ = std::move(values.histories);
+  scales_ = values.scales;
+  steps_ = values.steps;
+  pending_ = values.pending;
+  if (refused) throw refusal(refused->role, refused->step, refused->amax);
+}
+
+void ScalingState::upload() {
+  if (device_) device_->upload({.histories = histories_, .scales = scales_, .steps = steps_, .pending = pending_});
+}
+
+StateOnDevice& ScalingState::on_device(
+    Device device, const std::function<std::unique_ptr<StateOnDevice>(const Snapshot&)>& make) {
+  if (device_ && device_->device() != device) {
+    download();
+    device_.reset();
+  }
+  if (!device_) device_ = make(snapshot());
+  return *device_;
+}
+
+std::int64_t ScalingState::steps() const {
+  download();
+  return steps_;
+}
+
+float ScalingState::scale(Role role) const {
+  download();
+  return scales_[index(role)];
+}
+
+bool ScalingState::pending() const {
+  download();
+  return pending_;
+}
+
 std::span<const float> ScalingState::amax_history(Role role) const {
-  settle();
+  download();
   const auto length = static_cast<std::size_t>(recipe_.amax_history_len);
   return std::span<const float>(histories_).subspan(index(role) * length, length);
 }
 
-void ScalingState::merge(Role role, float amax) const {
+void ScalingState::record(Role role, float amax) {
+  download();
   float& newest = history(role, 0);
   // NaN wins the maximum, so that update() sees it.
   newest = std::isnan(amax) || std::isnan(newest) ? NAN : std::max(newest, amax);
   pending_ = true;
-}
-
-void ScalingState::record(Role role, float amax) { merge(role, amax); }
-
-void ScalingState::record_later(Role role, std::function<float()> read) {
-  deferred_.emplace_back(role, std::move(read));
-}
-
-void ScalingState::settle() const {
-  while (!deferred_.empty()) {
-    auto [role, read] = std::move(deferred_.back());
-    deferred_.pop_back();  // before reading: a read that throws is not retried
-    merge(role, read());
-  }
+  upload();
 }
 
 ScalingState::Snapshot ScalingState::snapshot() const {
-  settle();
+  download();
   return {.histories = histories_, .scales = scales_, .steps = steps_, .pending = pending_};
 }
 
@@ -108,28 +146,34 @@ void ScalingState::restore(const Snapshot& snapshot) {
   constexpr const char* op = "fp8::ScalingState::restore";
   check(snapshot.histories.size() == histories_.size(), op, "the histories hold ", snapshot.histories.size(),
         " amaxes, the state's ", histories_.size(), " (", role_count, " roles of ", recipe_.amax_history_len, ")");
-  for (float amax : snapshot.histories) check(!(amax < 0.0f), op, "an amax history holds ", amax, ", below 0");
+  for (std::size_t i = 0; i < snapshot.histories.size(); ++i) {
+    // (entry 0, the step in progress, may hold the infinity or NaN its update() will refuse; completed steps never do)
+    const float amax = snapshot.histories[i];
+    const bool in_progress = i % static_cast<std::size_t>(recipe_.amax_history_len) == 0;
+    check(!(amax < 0.0f) && (in_progress || std::isfinite(amax)), op, "an amax history holds ", amax,
+          in_progress ? ", below 0" : " for a completed step");
+  }
   for (float scale : snapshot.scales) check(std::isfinite(scale) && scale > 0.0f, op, "a scale is ", scale);
   check(snapshot.steps >= 0, op, "steps must be >= 0, got ", snapshot.steps);
-  deferred_.clear();
   histories_ = snapshot.histories;
   scales_ = snapshot.scales;
   steps_ = snapshot.steps;
   pending_ = snapshot.pending;
+  upload();
 }
 
 void ScalingState::update() {
-  settle();
+  if (device_) {
+    device_->end_step();
+    return;
+  }
   const int length = recipe_.amax_history_len;
   for (Role role : roles) {
     const float newest = history(role, 0);
     if (!std::isfinite(newest)) {
       for (Role r : roles) history(r, 0) = 0.0f;
       pending_ = false;
-      throw Error(detail::concat("layernorm_mlp: fp8 delayed scaling: the amax of ", role_name(role), " at step ",
-                                 steps_, " is ", newest,
-                                 ": the tensor held an infinity or a NaN; the step's amaxes were dropped and the "
-                                 "scales kept"));
+      throw refusal(role, steps_, newest);
     }
   }
   for (Role role : roles) {

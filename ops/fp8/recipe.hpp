@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 
 #include "tapegrad/ops/fp8/roles.hpp"
 #include "tapegrad/ops/fp8/weight_cache.hpp"
+#include "tapegrad/tensor/core/device.hpp"
 #include "tapegrad/tensor/core/fp8.hpp"
 
 namespace tapegrad::fp8 {
@@ -57,30 +59,40 @@ Format format_of(Formats formats, Role role);
 // The formats a recipe quantizes to (block scaling: e4m3 everywhere).
 Formats formats_of(const Recipe& recipe);
 
+class StateOnDevice;
+
 // Delayed scaling's state for one node (a module owns one; a caller of layernorm_mlp passes its own): per role, the
 // amax history and the scale the next quantization uses, and the count of completed steps. Every value is
 // computed in a fixed order (a maximum is order-free), so the same steps give the same bits. Scales start at 1.
+//
+// GPU steps keep the state on their device (ops/fp8/detail/state_on_device.hpp): a step reads its scales there,
+// merges its amaxes there, and the next step (or update()) ends it there by a kernel, so that no step waits for the
+// host and a CUDA graph can capture forward, backward and update. From then on the device holds the state, always
+// at the same addresses (a captured graph stays valid): reading it on the host (steps(), scale(), amax_history(),
+// pending(), snapshot()) waits for the device and copies the values back, changing it there (record(), restore())
+// copies them to the device again. A GPU step on another device moves it there.
 class ScalingState {
  public:
   // Throws naming the field when the recipe's margin or history length is out of range.
   explicit ScalingState(const DelayedScaling& recipe = {});
+  ScalingState(const ScalingState&) = delete;  // (shared by the ops that use it, as a shared_ptr)
+  ScalingState& operator=(const ScalingState&) = delete;
+  ~ScalingState();
 
   const DelayedScaling& recipe() const { return recipe_; }
-  std::int64_t steps() const { return steps_; }
-  float scale(Role role) const { return scales_[index(role)]; }
+  std::int64_t steps() const;
+  float scale(Role role) const;
   // Role's amax history, newest first: entry 0 is the step in progress (0 until something is recorded).
   std::span<const float> amax_history(Role role) const;
-  // Whether the step in progress has recorded anything.
-  bool pending() const { return pending_ || !deferred_.empty(); }
+  // Whether a step is in progress: something recorded on the host, or a GPU step begun.
+  bool pending() const;
 
   // Records one quantized tensor's amax for the step in progress (the maximum with what the step has recorded).
   void record(Role role, float amax);
-  // Records an amax that `read` returns when the step ends or a history is read: a GPU step's amaxes stay on the
-  // device until then, so that the step itself never waits for the device.
-  void record_later(Role role, std::function<float()> read);
   // Ends the step: each role's scale is made from its history (the step's amax included), then the history rolls
-  // by one and the new entry 0 is zero; steps() counts it. A step with a NaN or infinite amax is refused: it throws
-  // naming the role and the step, and the step's amaxes are dropped (histories and scales stay as they were).
+  // by one and the new entry 0 is zero; steps() counts it. A step with a NaN or infinite amax is refused: the step's
+  // amaxes are dropped (histories and scales stay as they were) and an Error names the role and the step. On the
+  // host it is thrown here; on a GPU the device refuses the step and the state's next read on the host throws it.
   void update();
 
   // The whole state, for checkpoints: every role's history as amax_history gives it (a step in progress's amaxes in
@@ -96,19 +108,44 @@ class ScalingState {
   Snapshot snapshot() const;
   void restore(const Snapshot& snapshot);
 
+  // For GPU steps (ops/fp8/detail/state_on_device.hpp): the state's copy on `device`, made by `make` from the
+  // state's values where it has none there yet (from then on the device's values are the state's).
+  StateOnDevice& on_device(Device device,
+                                   const std::function<std::unique_ptr<StateOnDevice>(const Snapshot&)>& make);
+
  private:
   static std::size_t index(Role role) { return static_cast<std::size_t>(role); }
   float& history(Role role, int slot) const;
-  void merge(Role role, float amax) const;
-  void settle() const;  // records what record_later deferred
+  void download() const;  // the device's values into the host's, waiting for it; a step it refused throws
+  void upload();          // the host's values into the device's
 
   DelayedScaling recipe_;
-  // [role_count, amax_history_len]; with what follows, mutable so that reading a history can settle it first
+  // [role_count, amax_history_len]; with what follows, mutable so that a read can copy the device's values
   mutable std::vector<float> histories_;
-  mutable std::vector<std::pair<Role, std::function<float()>>> deferred_;
-  std::array<float, role_count> scales_{};
-  std::int64_t steps_ = 0;
+  mutable std::array<float, role_count> scales_{};
+  mutable std::int64_t steps_ = 0;
   mutable bool pending_ = false;
+  mutable std::unique_ptr<StateOnDevice> device_;
+};
+
+// A refused step as the device found it: the role whose amax was not finite, the step and the amax.
+struct RefusedStep {
+  Role role = Role::input;
+  std::int64_t step = 0;
+  float amax = 0;
+};
+
+// A ScalingState's values on a GPU, while its steps run there (made by ops/fp8/detail/state_on_device.hpp).
+class StateOnDevice {
+ public:
+  virtual ~StateOnDevice() = default;
+  virtual Device device() const = 0;
+  // Ends the open step on the device, queued (ScalingState::update on the GPU).
+  virtual void end_step() = 0;
+  // The values, waiting for the device, and the first step it refused since the last call, if any.
+  virtual std::pair<ScalingState::Snapshot, std::optional<RefusedStep>> download() = 0;
+  // Replaces the values, in the same device memory.
+  virtual void upload(const ScalingState::Snapshot& values) = 0;
 };
 
 }  // namespace tapegrad::fp8

@@ -3,13 +3,13 @@
 // makes each operand as its recipe says and multiplies operands with cuBLASLt. The CPU's counterpart, whose bits these
 // follow: ops/fp8/detail/operand.hpp. Internal to ops/.
 //
-// A step's scales live on the device, per role: delayed scaling's come from its state when the step starts; current
-// scaling makes each from the tensor's amax there (no wait for the device). Delayed scaling's amaxes are taken by the
-// quantization's own pass and reach the state when the step ends (ScalingState::record_later); it knows each scale
-// before the tensor exists, so a kernel that makes a tensor can write its codes itself (DeviceRecipe::target).
-// With an amax group (ops/fp8/amax_group.hpp) the amaxes are the group's, gathered on the device over NCCL: delayed
-// scaling's at the end of each pass (end_pass: the step's scalars, one collective), read with the step's end;
-// current scaling's for a sharded role before its scale is made, by a kernel over the gathered amaxes.
+// A step's scales live on the device, per role: delayed scaling's come from its state, which stays on the device
+// between steps (ops/fp8/detail/state_on_device.hpp: the step's amaxes merge there, a kernel ends the step there);
+// current scaling makes each from the tensor's amax there. Nothing waits for the device, so a CUDA graph can capture
+// a step. Delayed scaling knows each scale before the tensor exists, so a kernel that makes a tensor can write its
+// codes itself (DeviceRecipe::target). With an amax group (ops/fp8/amax_group.hpp) the amaxes are the group's,
+// reduced on the device over NCCL: delayed scaling's at the end of each pass (the step's amaxes so far, one
+// collective), current scaling's for a sharded role before its scale is made, by a kernel over the gathered amaxes.
 // Hopper's FP8 kernels read both operands along the inner dimension, so a tensor that one product sums over its
 // columns and another over its rows is written twice by one pass: its codes and their transpose (TransformerEngine's
 // cast + transpose). Block scaling's tiles follow each product's inner dimension, so the two layouts have scales of
