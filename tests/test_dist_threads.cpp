@@ -11,6 +11,7 @@
 #include "dist_mlp_checks.hpp"
 #include "dist_support.hpp"
 #include "support.hpp"
+#include "tapegrad/tensor/dist/detail/group.hpp"
 
 TYPE_TO_STRING(tapegrad::f8e4m3);
 TYPE_TO_STRING(tapegrad::f8e5m2);
@@ -307,6 +308,17 @@ TEST_CASE("in_process communicators refuse a split and a size below 1") {
   test::on_threads(1, [](const dist::Communicator& comm) {
     CHECK_THROWS_WITH_AS(comm.split(0, 0, "x"), doctest::Contains("cannot be split"), Error);
   });
+}
+
+// NCCL refuses two ranks on one GPU: then every rank's CUDA collectives go through the host (tests/test_gpu_dist.cpp
+// runs them on one GPU).
+TEST_CASE("in-process ranks stage their CUDA collectives through the host when any two share a GPU") {
+  using dist::detail::stage_through_host;
+  CHECK_FALSE(stage_through_host(std::vector{0}));
+  CHECK_FALSE(stage_through_host(std::vector{0, 1}));
+  CHECK_FALSE(stage_through_host(std::vector{3, 1, 0, 2}));
+  CHECK(stage_through_host(std::vector{0, 0}));
+  CHECK(stage_through_host(std::vector{1, 0, 2, 1}));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// dist::Communicator on CUDA tensors (NCCL), layernorm_mlp's tensor parallelism (with fp8 too) and data parallelism on
-// the GPU. One
-// GPU: one rank, the same code path (NCCL with one rank, the node's collectives and side stream, the buckets' side
-// stream). Several GPUs: one rank a GPU, each on its own thread; skipped (with a message) when fewer are visible.
+// dist::Communicator on CUDA tensors, layernorm_mlp's tensor parallelism (with fp8 too) and data parallelism on the
+// GPU, each rank a thread. First one rank (NCCL with one rank, the node's collectives and side stream, the buckets'
+// side stream), then several: one a GPU over NCCL when there are several GPUs; with one GPU, two ranks share it and
+// their collectives are staged through host memory (NCCL refuses two ranks on one GPU).
 #include <doctest/doctest.h>
 
 #include <random>
@@ -21,16 +21,16 @@ using namespace tapegrad;
 
 namespace {
 
-// The rank counts to run: one, and every GPU when there are several.
+// The rank counts to run: one, then one rank per GPU when there are several, or two sharing the only one.
 std::vector<int> rank_counts() {
-  std::vector<int> counts{1};
-  if (cuda::device_count() >= 2) {
-    counts.push_back(cuda::device_count());
-  } else {
-    MESSAGE("one GPU visible: the tests of several ranks (one a GPU) are skipped");
-  }
-  return counts;
+  if (cuda::device_count() >= 2) return {1, cuda::device_count()};
+  MESSAGE("one GPU visible: the tests of several ranks run 2 ranks on cuda:0, their collectives staged through host "
+          "memory (NCCL refuses two ranks on one GPU)");
+  return {1, 2};
 }
+
+// Rank r's GPU: its own, or a shared one when there are fewer GPUs than ranks.
+Device device_of(const dist::Communicator& comm) { return Device::cuda(comm.rank() % cuda::device_count()); }
 
 // |sharded - unsharded| on a GPU: the ranks' partial products summed in another order, and products that
 // accumulate in another order for another F.
@@ -38,7 +38,7 @@ template <class T> test::Tolerance gpu_sharding_tolerance() {
   return std::is_same_v<T, float> ? test::Tolerance{2e-5, 2e-5, true} : test::Tolerance{2e-2, 2e-2, true};
 }
 
-TEST_CASE_TEMPLATE("NCCL runs every collective in every dtype, one rank a GPU", T, DIST_DTYPES) {
+TEST_CASE_TEMPLATE("every collective runs on GPUs in every dtype", T, DIST_DTYPES) {
   if (!dist::has_nccl()) {
     MESSAGE("tapegrad was built without NCCL");
     return;
@@ -46,12 +46,12 @@ TEST_CASE_TEMPLATE("NCCL runs every collective in every dtype, one rank a GPU", 
   for (int ranks : rank_counts()) {
     CAPTURE(ranks);
     test::on_threads(ranks, [](const dist::Communicator& comm) {
-      test::check_collectives<T>(comm, Device::cuda(comm.rank()));
+      test::check_collectives<T>(comm, device_of(comm));
     });
   }
 }
 
-// body(communicator of rank r, seed) on one thread a GPU, for each rank count; the seed fresh and shared.
+// body(communicator of rank r, seed) on one thread a rank, for each rank count; the seed fresh and shared.
 template <class Body> void on_gpu_ranks(Body body) {
   const std::uint64_t seed = std::random_device{}();
   MESSAGE("seed ", seed);
@@ -64,7 +64,7 @@ template <class Body> void on_gpu_ranks(Body body) {
 TEST_CASE_TEMPLATE("the tensor-parallel node on GPUs equals the unsharded one", T, float, tapegrad::bf16) {
   if (!dist::has_nccl()) return;
   on_gpu_ranks([](const dist::Communicator& comm, std::uint64_t seed) {
-    mlp_test::check_sharded_cases<T>(comm, seed, Device::cuda(comm.rank()), gpu_sharding_tolerance<T>());
+    mlp_test::check_sharded_cases<T>(comm, seed, device_of(comm), gpu_sharding_tolerance<T>());
   });
 }
 
@@ -75,7 +75,7 @@ TEST_CASE("the tensor-parallel fp8 node on GPUs equals the unsharded one for eve
   if (!dist::has_nccl()) return;
   on_gpu_ranks([](const dist::Communicator& comm, std::uint64_t seed) {
     mlp_test::check_sharded_fp8_cases<float>(
-        comm, seed, Device::cuda(comm.rank()),
+        comm, seed, device_of(comm),
         [](const Tensor<float>& got, const Tensor<double>& want, double bound) {
           CHECK(test::relative_error(got, want) <= bound);
         },
@@ -109,7 +109,7 @@ TEST_CASE("data-parallel training on GPUs equals one GPU on the whole batch") {
   for (int ranks : rank_counts()) {
     CAPTURE(ranks);
     test::on_threads(ranks, [&](const dist::Communicator& comm) {
-      const Device device = Device::cuda(comm.rank());
+      const Device device = device_of(comm);
       auto whole = model_on(device);
       train(whole, 0, batch, nullptr);
       auto model = model_on(device);

@@ -3,7 +3,8 @@
 // communicator made on the first CUDA collective (its id broadcast over MPI). Knows nothing of the tape: the
 // differentiable collectives are ops/dist.hpp.
 //
-// Communicator::in_process makes the ranks threads of one process instead (no MPI needed).
+// Communicator::in_process makes the ranks threads of one process instead (no MPI needed); when any two of them put
+// their CUDA tensors on the same GPU, which NCCL refuses, their CUDA collectives go through host memory instead.
 //
 // Every rank of the communicator must call the same collectives in the same order with tensors of the same dtype
 // and shape (for broadcast: the root's). Before each collective the ranks compare what they were called with (one
@@ -93,6 +94,12 @@ class Communicator {
   // that rank (one per GPU, for instance). Needs no MPI: host tensors are summed in shared memory, CUDA ones over
   // NCCL (its id passed in memory). A rank that does not come to a collective within the timeout fails the others'
   // call with CommunicationError naming it.
+  // Ranks that share a GPU (NCCL refuses two ranks on one): the ranks compare their devices at their first CUDA
+  // collective, and when any two are the same, every rank's CUDA collectives are staged through host memory: each
+  // waits for the stream, copies the tensor to the host, runs the host collective (same checks, timeout, errors and
+  // rounding) and copies the result back, returning once it is on the device. A test transport (two ranks on one GPU
+  // test the sharded GPU code): slow, and not capturable in a CUDA graph. Ranks on different GPUs, and MPI jobs,
+  // keep NCCL.
   static std::vector<Communicator> in_process(int size, const CommunicatorOptions& options = {});
 
   int rank() const;

@@ -2,6 +2,11 @@
 // at the first each rank posts its buffers, then every rank computes its own result from all of them (sums in rank
 // order, so every rank gets the same bits); at the second they agree that everyone is done reading. A meeting that
 // a rank misses for the timeout fails the group, naming the ranks that never came.
+//
+// CUDA tensors go over NCCL when every rank is on its own GPU. NCCL refuses two ranks on one GPU, so when any two
+// share one (a test on a machine of one GPU) every rank's CUDA collectives are staged through these host
+// collectives instead (tensor/dist/staged_link.cpp); the ranks compare their devices when the link is made.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -118,9 +123,17 @@ class ThreadGroup final : public Group {
     throw_if_failed();
     auto& link = links_[device];
     if (!link) {
-      link = make_nccl_link(*this, device, [&](void* id, std::size_t bytes) {
-        broadcast(id, bytes, DType::f8e4m3, 0);  // (as bytes: a one-byte dtype)
+      std::vector<int> devices;
+      exchange("compare the ranks' GPUs", {.in = &device}, [&](const std::vector<Rendezvous::Post>& posts) {
+        for (const auto& post : posts) devices.push_back(*static_cast<const int*>(post.in));
       });
+      if (stage_through_host(devices)) {
+        link = make_staged_link(*this, device);
+      } else {
+        link = make_nccl_link(*this, device, [&](void* id, std::size_t bytes) {
+          broadcast(id, bytes, DType::f8e4m3, 0);  // (as bytes: a one-byte dtype)
+        });
+      }
     }
     return *link;
   }
@@ -170,6 +183,12 @@ class ThreadGroup final : public Group {
 };
 
 }  // namespace
+
+bool stage_through_host(std::span<const int> devices) {
+  std::vector<int> sorted(devices.begin(), devices.end());
+  std::ranges::sort(sorted);
+  return std::ranges::adjacent_find(sorted) != sorted.end();
+}
 
 std::vector<std::shared_ptr<Group>> thread_groups(int size, const CommunicatorOptions& options) {
   check(size >= 1, "dist::Communicator::in_process", "size must be at least 1, got ", size);

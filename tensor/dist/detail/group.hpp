@@ -1,10 +1,11 @@
 // The transports behind dist::Communicator (tensor/dist/communicator.hpp). Internal.
 //
 // A Group is one communicator's ranks and the collectives on host memory (MPI: tensor/dist/mpi_group.cpp; threads
-// of one process: tensor/dist/thread_group.cpp); a
-// DeviceLink the same collectives on one GPU's memory, queued on a stream (NCCL: tensor/dist/nccl_link.cpp). Both
-// run each collective as a nonblocking call polled until it completes or the group's timeout passes; after a
-// timeout the group is failed: every later call throws CommunicationError with the first failure's message.
+// of one process: tensor/dist/thread_group.cpp); a DeviceLink the same collectives on one GPU's memory, queued on a
+// stream (NCCL: tensor/dist/nccl_link.cpp; for threads that share a GPU, the group's host collectives on staged
+// copies: tensor/dist/staged_link.cpp). Each collective runs as a nonblocking call polled until it completes or the
+// group's timeout passes; after a timeout the group is failed: every later call throws CommunicationError with the
+// first failure's message.
 #pragma once
 
 #include <array>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,9 @@ std::shared_ptr<Group> world_group(const CommunicatorOptions& options);
 
 // The groups of `size` ranks that are threads of this process (tensor/dist/thread_group.cpp), rank r's at r.
 std::vector<std::shared_ptr<Group>> thread_groups(int size, const CommunicatorOptions& options);
+// Whether threads whose CUDA tensors are on `devices` (rank r's at r) stage their CUDA collectives through host
+// memory rather than run them over NCCL: when any two share a GPU (NCCL refuses that: "Duplicate GPU detected").
+bool stage_through_host(std::span<const int> devices);
 
 // Whether a collective failed in this process (a Session then aborts the job rather than finalize MPI).
 bool any_group_failed();
