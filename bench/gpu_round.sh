@@ -11,7 +11,7 @@
 #                           ITERS steps (default 200), then the table                       -> peers$RUN.jsonl
 #     fp8peers              peer_torch_fp8.py (PyTorch eager, FP8 GEMMs) and $FLOOR (default
 #                           bench/fp8_gemm_floor.py: the six GEMMs in fp8 and bf16)          -> fp8peers$RUN.jsonl
-#     attention             tapegrad_bench gpu_attention, then peer_attention.py for torch,
+#     attention             tapegrad_bench --reps ITERS gpu_attention, then peer_attention.py for torch,
 #                           then for jax (separate processes), ITERS steps (default 50)    -> attention$RUN.jsonl
 #     layer                 tapegrad_bench gpu_transformer_layer, then
 #                           peer_transformer_layer.py, as attention                        -> layer$RUN.jsonl
@@ -19,6 +19,8 @@
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
 #                           NCU_PRECISION=delayed|current|block: the products in fp8)
+#     nculayer              ncu per kernel of one TransformerLayer step (layer_4k, layer_1k;
+#                           NCU_PRECISION as above, default bf16)                           -> ncu_layer.csv
 #     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
@@ -73,7 +75,7 @@ for step in "$@"; do
     attention | layer)
       group=gpu_attention peer=bench/peer_attention.py
       [ "$step" = layer ] && group=gpu_transformer_layer peer=bench/peer_transformer_layer.py
-      $B/bench/tapegrad_bench $group >"$OUT/$step${RUN:-}.jsonl" 2>>"$log"
+      $B/bench/tapegrad_bench --reps ${ITERS:-50} $group >"$OUT/$step${RUN:-}.jsonl" 2>>"$log"  # (the peers' run length)
       for framework in torch jax; do
         ITERS=${ITERS:-50} python3 $peer $framework >>"$OUT/$step${RUN:-}.jsonl" 2>>"$log"
       done
@@ -89,6 +91,13 @@ for step in "$@"; do
         ncu --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
           --metrics gpu__time_duration.sum --csv \
           $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} >>"$OUT/ncu.csv" 2>&1
+      done ;;
+    nculayer)
+      for shape in "4 2048 4096 32 16384" "4 2048 1024 16 4096"; do
+        echo "### $shape ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu_layer.csv"
+        ncu --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
+          --metrics gpu__time_duration.sum --csv \
+          $B/bench/transformer_layer_step $shape ${NCU_PRECISION:-bf16} >>"$OUT/ncu_layer.csv" 2>&1
       done ;;
     gemms)
       for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
