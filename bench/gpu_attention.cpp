@@ -4,6 +4,7 @@
 // of CUDA-event timings, TFLOP/s on bench/attention_step.hpp's count (forward 4·B·Hq·S²·D, the step 3.5× that,
 // causal half), each mode's peak extra device memory and the kernels it ran (cuDNN's where they apply). A case that
 // fails (out of memory, a shape a kernel does not take) reports the error on its line and the others still run.
+// GEMMs and cuDNN's attention plans autotuned (cuda::set_gemm_autotune, cuda::set_attention_autotune).
 #include "attention_step.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
@@ -59,6 +60,7 @@ void run_case(const AttentionShape& s, bool causal) {
 void gpu_attention() {
   if (!gpu_available("gpu_attention")) return;
   cuda::set_gemm_autotune(true);
+  cuda::set_attention_autotune(true);
   for (const AttentionShape& s : shapes) {
     for (const bool causal : {false, true}) {
       if (const auto error = failure_of([&] { run_case(s, causal); })) {  // e.g. a composite's S × S scores
@@ -68,6 +70,7 @@ void gpu_attention() {
     }
   }
   cuda::set_gemm_autotune(false);
+  cuda::set_attention_autotune(false);
 }
 
 }  // namespace bench

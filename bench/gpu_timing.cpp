@@ -5,36 +5,20 @@
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/gpu/detail/check.cuh"
+#include "tapegrad/tensor/gpu/detail/timing_event.hpp"
 #include "tapegrad/tensor/gpu/device.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 
 namespace bench {
 
-namespace {
-class Event {
- public:
-  Event() { TAPEGRAD_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() { cudaEventDestroy(event_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-}  // namespace
-
 std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, int device) {
   const cudaStream_t stream = tapegrad::cuda::current_stream(device);
-  Event start, stop;
+  const tapegrad::cuda::TimingEvent start, stop;
   return repeat(runs.size(), [&](std::size_t k) {
     TAPEGRAD_CUDA_CHECK(cudaEventRecord(start.get(), stream));
     runs[k]();
     TAPEGRAD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-    TAPEGRAD_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0;
-    TAPEGRAD_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    return static_cast<double>(ms) * 1e6;
+    return static_cast<double>(tapegrad::cuda::elapsed_ms(start, stop)) * 1e6;
   });
 }
 

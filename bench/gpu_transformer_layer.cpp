@@ -40,6 +40,7 @@ void run_config(const LayerShape& c, const std::optional<fp8::Recipe>& fp8) {
 void gpu_transformer_layer() {
   if (!gpu_available("gpu_transformer_layer")) return;
   cuda::set_gemm_autotune(true);
+  cuda::set_attention_autotune(true);
   const std::optional<fp8::Recipe> precisions[] = {std::nullopt, fp8::DelayedScaling{}};
   for (const LayerShape& c : configs) {
     for (const std::optional<fp8::Recipe>& fp8 : precisions) {
@@ -52,6 +53,7 @@ void gpu_transformer_layer() {
     }
   }
   cuda::set_gemm_autotune(false);
+  cuda::set_attention_autotune(false);
 }
 
 }  // namespace bench

@@ -1,5 +1,6 @@
 // One training step of nn::TransformerLayer (bench/layer_step.hpp, the step gpu_transformer_layer times) between
-// cudaProfilerStart and cudaProfilerStop, after three unprofiled steps, GEMMs autotuned: for a per-kernel profile,
+// cudaProfilerStart and cudaProfilerStop, after three unprofiled steps, GEMMs and attention plans autotuned: for a
+// per-kernel profile,
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
 //       transformer_layer_step B S H heads F [bf16|delayed|current|block]
 // The last word quantizes the dense parts' products to fp8 with that recipe.
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   if (precision == "delayed") recipe = fp8::DelayedScaling{};
   if (precision == "current") recipe = fp8::CurrentScaling{};
   if (precision == "block") recipe = fp8::BlockScaling{};
-  cuda::set_gemm_autotune(true);
+  cuda::set_gemm_autotune(true);  // as gpu_transformer_layer times it
+  cuda::set_attention_autotune(true);
   const bench::LayerStep step({"layer", std::stoll(argv[1]), std::stoll(argv[2]), std::stoll(argv[3]),
                                std::stoll(argv[4]), std::stoll(argv[5])},
                               recipe, Device::cuda(0));

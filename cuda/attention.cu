@@ -560,6 +560,7 @@ void check_problem(const Problem& p) {
 }
 
 std::atomic<AttentionKernels> chosen_kernels{AttentionKernels::cudnn_where_it_applies};
+std::atomic<bool> attention_autotune_enabled{false};
 
 bool cudnn_allowed() { return attention_kernels() == AttentionKernels::cudnn_where_it_applies; }
 
@@ -567,6 +568,8 @@ bool cudnn_allowed() { return attention_kernels() == AttentionKernels::cudnn_whe
 
 void set_attention_kernels(AttentionKernels kernels) { chosen_kernels.store(kernels, std::memory_order_relaxed); }
 AttentionKernels attention_kernels() { return chosen_kernels.load(std::memory_order_relaxed); }
+void set_attention_autotune(bool enable) { attention_autotune_enabled.store(enable, std::memory_order_relaxed); }
+bool attention_autotune() { return attention_autotune_enabled.load(std::memory_order_relaxed); }
 
 void attention_lengths_int32(const Problem& p, std::int32_t* queries, std::int32_t* keys, int device) {
   if (p.batch == 0) return;

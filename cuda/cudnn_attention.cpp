@@ -14,6 +14,7 @@
 #include "tapegrad/cuda/attention.hpp"
 #include "tapegrad/cuda/cudnn_graph.hpp"
 #include "tapegrad/cuda/cudnn_sdpa.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/gpu/detail/on_device.cuh"
@@ -94,6 +95,9 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
   return {};
 }
 
+// With set_attention_autotune: how many of cuDNN's heuristic choices a problem's first call times.
+constexpr int autotune_candidates = 4;
+
 // A problem's plan, or why there is none.
 struct Entry {
   std::unique_ptr<cudnn::Plan> plan;
@@ -110,7 +114,8 @@ const Entry& entry(const Key& key) {
     try {
       const OnDevice on(key.device);
       cudnn::Graph graph = key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key);
-      at->second.plan = std::make_unique<cudnn::Plan>(std::move(graph), cudnn::handle(key.device));
+      at->second.plan = std::make_unique<cudnn::Plan>(std::move(graph), cudnn::handle(key.device),
+                                                      attention_autotune() ? autotune_candidates : 1);
     } catch (const cudnn::Refused& refused) {
       at->second.refusal = refused.what;
     } catch (...) {
@@ -165,11 +170,11 @@ void run(const cudnn::Plan& plan, int device, const std::vector<cudnn::Binding>&
   static std::mutex mutex;
   const std::lock_guard lock(mutex);
   const cudnnHandle_t handle = cudnn::handle(device);
-  if (const cudnnStatus_t status = cudnn::api()->set_stream(handle, current_stream(device));
-      status != CUDNN_STATUS_SUCCESS) {
+  const cudaStream_t stream = current_stream(device);
+  if (const cudnnStatus_t status = cudnn::api()->set_stream(handle, stream); status != CUDNN_STATUS_SUCCESS) {
     throw Error(detail::concat("cudnnSetStream on cuda:", device, ": ", cudnn::describe(status)));
   }
-  plan.execute(handle, bindings, workspace.data());
+  plan.execute(handle, stream, bindings, workspace.data());
 }
 
 std::size_t q_bytes(DType dtype, const Problem& p) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "tapegrad/tensor/core/error.hpp"
+#include "tapegrad/tensor/gpu/detail/timing_event.hpp"
 
 namespace tapegrad::cuda::cudnn {
 
@@ -143,7 +144,7 @@ std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
   return ops;
 }
 
-Plan::Plan(Graph graph, cudnnHandle_t handle) : graph_(std::move(graph)) {
+Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates) : graph_(std::move(graph)) {
   const std::vector<cudnnBackendDescriptor_t> ops = graph_.operations();
   operation_graph_.set_values(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                               static_cast<std::int64_t>(ops.size()), ops.data());
@@ -165,7 +166,7 @@ Plan::Plan(Graph graph, cudnnHandle_t handle) : graph_(std::move(graph)) {
                                &count, raw.data()),
           "the heuristics' choices");
   std::string failures;
-  for (std::int64_t i = 0; i < count && !plan_; ++i) {
+  for (std::int64_t i = 0; i < count && std::ssize(plans_) < candidates; ++i) {
     auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     api()->set_attribute(plan->get(), plan_handle, CUDNN_TYPE_HANDLE, 1, &handle);
     plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, raw[static_cast<std::size_t>(i)]);
@@ -174,15 +175,48 @@ Plan::Plan(Graph graph, cudnnHandle_t handle) : graph_(std::move(graph)) {
       failures += detail::concat(failures.empty() ? "" : "; ", describe(status));
       continue;
     }
-    plan_ = std::move(plan);
+    std::int64_t workspace = 0;
+    require(api()->get_attribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
+                                 &workspace),
+            "the plan's workspace size");
+    workspace_ = std::max(workspace_, workspace);
+    plans_.push_back(std::move(plan));
   }
-  if (!plan_) throw Refused{detail::concat("none of cuDNN's ", count, " engine choices compiled: ", failures)};
-  require(api()->get_attribute(plan_->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
-                               &workspace_),
-          "the plan's workspace size");
+  if (plans_.empty()) throw Refused{detail::concat("none of cuDNN's ", count, " engine choices compiled: ", failures)};
 }
 
-void Plan::execute(cudnnHandle_t handle, std::span<const Binding> bindings, void* workspace) const {
+void Plan::keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescriptor_t pack) const {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TAPEGRAD_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  std::size_t fastest = 0;
+  if (capturing == cudaStreamCaptureStatusNone) {
+    constexpr int timed_runs = 3;
+    const TimingEvent start, stop;
+    float best = 0;
+    bool timed = false;
+    for (std::size_t i = 0; i < plans_.size(); ++i) {
+      if (api()->execute(handle, plans_[i]->get(), pack) != CUDNN_STATUS_SUCCESS) continue;  // (warms it up)
+      TAPEGRAD_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+      bool ran = true;
+      for (int run = 0; run < timed_runs && ran; ++run) {
+        ran = api()->execute(handle, plans_[i]->get(), pack) == CUDNN_STATUS_SUCCESS;
+      }
+      TAPEGRAD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+      const float ms = elapsed_ms(start, stop);
+      if (ran && (!timed || ms < best)) {
+        best = ms;
+        fastest = i;
+        timed = true;
+      }
+    }
+  }
+  std::unique_ptr<Descriptor> kept = std::move(plans_[fastest]);
+  plans_.clear();
+  plans_.push_back(std::move(kept));
+}
+
+void Plan::execute(cudnnHandle_t handle, cudaStream_t stream, std::span<const Binding> bindings,
+                   void* workspace) const {
   const std::span<const std::int64_t> uids = graph_.uids();
   std::vector<void*> pointers;
   for (const std::int64_t uid : uids) {
@@ -198,7 +232,8 @@ void Plan::execute(cudnnHandle_t handle, std::span<const Binding> bindings, void
                     static_cast<std::int64_t>(pointers.size()), pointers.data())
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace)
         .finalize();
-    require(api()->execute(handle, plan_->get(), pack.get()), "cudnnBackendExecute");
+    if (plans_.size() > 1) keep_fastest(handle, stream, pack.get());
+    require(api()->execute(handle, plans_.front()->get(), pack.get()), "cudnnBackendExecute");
   } catch (const Refused& refused) {
     throw Error(detail::concat("cuDNN failed to run a plan it had compiled: ", refused.what));
   }

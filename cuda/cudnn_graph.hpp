@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include "tapegrad/cuda/cudnn_library.hpp"
 
 namespace tapegrad::cuda::cudnn {
@@ -86,22 +88,28 @@ struct Binding {
   const void* pointer;
 };
 
-// A graph's execution plan: the first of cuDNN's heuristic choices that compiles for this device.
+// A graph's execution plan: the first of cuDNN's heuristic choices that compiles for this device, or, with
+// `candidates` > 1, the fastest of the first `candidates` that compile, timed by the plan's first execution.
 class Plan {
  public:
   // Throws Refused when cuDNN rejects the graph or no choice compiles.
-  Plan(Graph graph, cudnnHandle_t handle);
+  Plan(Graph graph, cudnnHandle_t handle, int candidates = 1);
   std::int64_t workspace_bytes() const { return workspace_; }
-  // Queues the plan on the handle's stream, each of the graph's tensors bound to its pointer (device memory; host
-  // memory for a scalar, read as the work is queued). Bindings of uids the graph lacks are ignored.
-  void execute(cudnnHandle_t handle, std::span<const Binding> bindings, void* workspace) const;
+  // Queues the plan on `stream` (the handle's), each of the graph's tensors bound to its pointer (device memory; host
+  // memory for a scalar, read as the work is queued). Bindings of uids the graph lacks are ignored. With several
+  // candidates the first call runs each on these bindings (once, then three timed runs; every run writes the same
+  // outputs in full), waits for the timings and keeps the fastest; a first call on a capturing stream keeps the first.
+  // Not for two threads at once (the caller serializes: the handle is shared too).
+  void execute(cudnnHandle_t handle, cudaStream_t stream, std::span<const Binding> bindings, void* workspace) const;
 
  private:
+  void keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescriptor_t pack) const;
+
   Graph graph_;
   Descriptor operation_graph_{CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR};
   std::vector<Descriptor> configs_;
-  std::unique_ptr<Descriptor> plan_;
-  std::int64_t workspace_ = 0;
+  mutable std::vector<std::unique_ptr<Descriptor>> plans_;  // compiled; one once chosen
+  std::int64_t workspace_ = 0;                              // the most any candidate needs
 };
 
 }  // namespace tapegrad::cuda::cudnn

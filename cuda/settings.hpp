@@ -40,4 +40,12 @@ enum class AttentionKernels { cudnn_where_it_applies, tapegrad };
 void set_attention_kernels(AttentionKernels kernels);
 AttentionKernels attention_kernels();
 
+// Whether cuDNN's attention plan for a problem is chosen by timing (process-wide; off by default), as
+// set_gemm_autotune does for products: a problem first seen while it is on compiles up to 4 of cuDNN's heuristic
+// choices, and its first call runs each on its own inputs (once, then three timed runs) and keeps the fastest for
+// the process. Later calls give the same bits; two processes may keep different plans. Off: cuDNN's first choice
+// that compiles (what PyTorch and JAX run). A problem first called while its stream is captured takes the first.
+void set_attention_autotune(bool enable);
+bool attention_autotune();
+
 }  // namespace tapegrad::cuda
