@@ -1,9 +1,9 @@
-// Block scaling's quantization (see fp8_block_quantize.hpp). One thread block per 128 × 128 tile of x, in two passes:
-// the first takes the amax of each of the tile's rows and columns (the 1×128 tiles of the codes and of their
-// transpose) or of the whole tile (a weight's block) into shared memory; the second reads the tile again (from L2)
-// and converts it, writing the codes in runs of 8 and the transposed codes through shared memory as
-// cuda/fp8_quantize.cu does. Each thread converts the same 8 columns of 8 rows, so its columns' amaxes gather in
-// registers before one shared atomic each; maxima of f32 bit patterns, so no order of the threads changes them.
+// Block scaling's quantization (see fp8_block_quantize.hpp). One thread block per 128 × 128 tile of x, read once:
+// each thread loads the same 8 columns of 8 rows (every load in flight at once) and keeps them in registers; the
+// amaxes of the tile's rows and columns (the 1×128 tiles of the codes and of their transpose), or of the whole tile
+// (a weight's block), gather by warp shuffles and one shared row per warp; then the thread converts its values,
+// writing the codes in runs of 8 and the transposed codes through shared memory as cuda/fp8_quantize.cu does. Maxima
+// of f32 bit patterns, so no order of the threads changes them.
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
 
 #include <algorithm>
@@ -20,17 +20,6 @@ constexpr int tile = fp8::block_tile, run = 8, threads = 256;
 constexpr int runs_across = tile / run;             // a tile row's runs
 constexpr int rows_per_step = threads / runs_across;  // rows the block's threads cover at once
 constexpr fp8::Format e4m3 = fp8::Format::e4m3;
-
-struct Scales {
-  float scale, inverse;
-};
-// A tile's scale and the inverse a product multiplies its codes by; a tile holding an infinity or a NaN reads NaN.
-__device__ Scales scales_of(unsigned int amax_bits) {
-  const float amax = __uint_as_float(amax_bits);
-  if (!isfinite(amax)) return {1.0f, __int_as_float(0x7fc00000)};
-  const float scale = fp8::block_scale(amax, fp8::max_value<e4m3>());
-  return {scale, 1.0f / scale};
-}
 
 struct Layout {
   const void* x;
@@ -49,39 +38,55 @@ struct Layout {
   bool aligned, transposed_aligned;  // as in cuda/fp8_quantize.cu
 };
 
-template <class S> __global__ void __launch_bounds__(threads) block_quantize_kernel(const Layout l) {
-  __shared__ unsigned int row_amax[tile], column_amax[tile];
+constexpr int warps = threads / 32;
+constexpr int runs_per_thread = tile / rows_per_step;  // the rows a thread converts, rows_per_step apart
+
+template <class S> __global__ void __launch_bounds__(threads, 2) block_quantize_kernel(const Layout l) {
+  static_assert(runs_across == 16 && rows_per_step == 2 * warps, "a warp holds two rows of runs, its halves");
+  __shared__ unsigned int row_amax[tile], warp_column_amax[warps][tile];
   __shared__ float row_scale[tile], column_scale[tile];
   __shared__ std::uint8_t block[tile][tile + 4];
+  wait_for_prior_kernels();
   const S* x = static_cast<const S*>(l.x);
   const std::int64_t tiles_across = (l.cols + tile - 1) / tile;
   const std::int64_t tiles_down = (l.tiled_rows + tile - 1) / tile, tiles = tiles_across * tiles_down;
-  const int j0 = threadIdx.x % runs_across * run, i_first = threadIdx.x / runs_across;
+  const int j0 = threadIdx.x % runs_across * run, i_first = threadIdx.x / runs_across, lane = threadIdx.x % 32;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t tile_row = t / tiles_across, tile_col = t % tiles_across;
     const std::int64_t r0 = tile_row * tile, c0 = tile_col * tile;
-    if (threadIdx.x < tile) row_amax[threadIdx.x] = column_amax[threadIdx.x] = 0;
-    __syncthreads();
+    Pack<S, run> v[runs_per_thread];  // (as stored: f32 values would take twice the registers of 16-bit ones)
+    bool whole[runs_per_thread];
+#pragma unroll
+    for (int k = 0; k < runs_per_thread; ++k) {
+      whole[k] = load_pack_or_zeros(x, l.rows, l.cols, r0 + i_first + k * rows_per_step, c0 + j0, l.aligned, v[k]);
+    }
+    // Rows: the 16 lanes of a half warp hold a row's runs. Columns: the two halves hold the same columns, the warps
+    // their rows of them.
     unsigned int columns[run] = {};
-    for (int i = i_first; i < tile; i += rows_per_step) {
-      float v[run];
-      load_run_or_zeros(x, l.rows, l.cols, r0 + i, c0 + j0, l.aligned, v);
+#pragma unroll
+    for (int k = 0; k < runs_per_thread; ++k) {
       unsigned int m = 0;
+#pragma unroll
       for (int j = 0; j < run; ++j) {
-        const unsigned int bits = __float_as_uint(fabsf(v[j]));
+        const unsigned int bits = abs_bits(v[k].v[j]);
         m = max(m, bits);
         columns[j] = max(columns[j], bits);
       }
-      atomicMax(&row_amax[i], m);
+      for (int offset = runs_across / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+      if (lane % runs_across == 0) row_amax[i_first + k * rows_per_step] = m;
     }
-    for (int j = 0; j < run; ++j) atomicMax(&column_amax[j0 + j], columns[j]);
+#pragma unroll
+    for (int j = 0; j < run; ++j) {
+      columns[j] = max(columns[j], __shfl_xor_sync(0xffffffffu, columns[j], runs_across));
+      if (lane < runs_across) warp_column_amax[threadIdx.x / 32][j0 + j] = columns[j];
+    }
     __syncthreads();
     if (l.blocks) {  // one scale for the whole tile: warp 0 takes the maximum of the rows'
       if (threadIdx.x < 32) {
         unsigned int m = 0;
         for (int i = threadIdx.x; i < tile; i += 32) m = max(m, row_amax[i]);
         m = __reduce_max_sync(0xffffffffu, m);
-        const Scales s = scales_of(m);
+        const TileScales s = tile_scales(m);
         if (threadIdx.x == 0) {
           row_scale[0] = s.scale;
           if (l.scales && r0 < l.codes_rows) l.scales[tile_row * l.scales_ld + tile_col] = s.inverse;
@@ -102,7 +107,9 @@ template <class S> __global__ void __launch_bounds__(threads) block_quantize_ker
       }
     } else if (threadIdx.x < tile) {  // a scale per row of the tile (for the codes) and per column (the transpose)
       const int k = threadIdx.x;
-      const Scales rs = scales_of(row_amax[k]), cs = scales_of(column_amax[k]);
+      unsigned int column = 0;
+      for (int w = 0; w < warps; ++w) column = max(column, warp_column_amax[w][k]);
+      const TileScales rs = tile_scales(row_amax[k]), cs = tile_scales(column);
       row_scale[k] = rs.scale;
       column_scale[k] = cs.scale;
       // (rows past x's are padding: scale 1, as the scales' padding to a multiple of 4 asks)
@@ -112,17 +119,18 @@ template <class S> __global__ void __launch_bounds__(threads) block_quantize_ker
       }
     }
     __syncthreads();
-    for (int i = i_first; i < tile; i += rows_per_step) {
-      const std::int64_t r = r0 + i, c = c0 + j0;
-      float v[run];
-      const bool whole = load_run_or_zeros(x, l.rows, l.cols, r, c, l.aligned, v);
+#pragma unroll
+    for (int k = 0; k < runs_per_thread; ++k) {
+      const int i = i_first + k * rows_per_step;
       const float scale = l.blocks ? row_scale[0] : row_scale[i];
       alignas(8) std::uint8_t q[run];
+#pragma unroll
       for (int j = 0; j < run; ++j) {
-        q[j] = to_fp8<e4m3>(v[j] * scale);
-        block[i][j0 + j] = l.blocks ? q[j] : to_fp8<e4m3>(v[j] * column_scale[j0 + j]);
+        const float value = to_compute<float>(v[k].v[j]);
+        q[j] = to_fp8<e4m3>(value * scale);
+        block[i][j0 + j] = l.blocks ? q[j] : to_fp8<e4m3>(value * column_scale[j0 + j]);
       }
-      if (l.codes) store_run(l.codes, l.codes_rows, l.cols, r, c, whole, q);
+      if (l.codes) store_run(l.codes, l.codes_rows, l.cols, r0 + i, c0 + j0, whole[k], q);
     }
     if (l.transposed) {  // (the same for every thread of the block)
       __syncthreads();
@@ -172,9 +180,8 @@ void fp8_block_quantize(const Fp8BlockQuantize& q, int device) {
   const Launch launch(device);
   dispatch_float(q.dtype, op, [&](auto tag) {
     using S = decltype(tag);
-    block_quantize_kernel<S><<<launch.blocks_for(tiles_across * tiles_down * threads, threads), threads, 0,
-                               launch.stream()>>>(layout);
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    const int blocks = launch.blocks_for(tiles_across * tiles_down * threads, threads);
+    launch_overlapped(launch, block_quantize_kernel<S>, blocks, threads, 0, layout);
   });
 }
 

@@ -24,6 +24,18 @@ template <class S> __device__ __forceinline__ unsigned int abs_bits(S v) {
   return __float_as_uint(fabsf(to_compute<float>(v)));
 }
 
+// Block scaling's scale for a tile whose amax has the f32 bits amax_bits (tensor/core/fp8.hpp's block_scale, in e4m3),
+// and the inverse a product multiplies its codes by; a tile holding an infinity or a NaN gets scale 1 and inverse NaN.
+struct TileScales {
+  float scale, inverse;
+};
+__device__ __forceinline__ TileScales tile_scales(unsigned int amax_bits) {
+  const float amax = __uint_as_float(amax_bits);
+  if (!isfinite(amax)) return {1.0f, __int_as_float(0x7fc00000)};
+  const float scale = fp8::block_scale(amax, fp8::max_value<fp8::Format::e4m3>());
+  return {scale, 1.0f / scale};
+}
+
 // Merges each thread's m (abs_bits of its values) into *amax_bits: a warp's maximum, then the block's, one atomic
 // per block. Called by every thread of the block.
 __device__ __forceinline__ void merge_amax(unsigned int m, unsigned int* amax_bits) {
@@ -61,6 +73,20 @@ __device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows,
     load_run(x + r * cols + c, v);
   } else {
     for (int j = 0; j < R; ++j) v[j] = r < rows && c + j < cols ? to_compute<float>(x[r * cols + c + j]) : 0.0f;
+  }
+  return whole;
+}
+
+// load_run_or_zeros's elements as stored, unconverted: for a kernel that holds runs until it has read the rest of
+// its tile (16-bit x then takes half the registers of f32 values).
+template <int R, class S>
+__device__ __forceinline__ bool load_pack_or_zeros(const S* x, std::int64_t rows, std::int64_t cols, std::int64_t r,
+                                                   std::int64_t c, bool aligned, Pack<S, R>& p) {
+  const bool whole = aligned && r < rows && c + R <= cols;
+  if (whole) {
+    p = *reinterpret_cast<const Pack<S, R>*>(x + r * cols + c);
+  } else {
+    for (int j = 0; j < R; ++j) p.v[j] = r < rows && c + j < cols ? x[r * cols + c + j] : from_compute<S>(0.0f);
   }
   return whole;
 }

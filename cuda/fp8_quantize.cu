@@ -1,9 +1,11 @@
 // FP8 quantization kernels (see fp8_quantize.hpp). A code is to_fp8 (cuda/fp8_codes.cuh) of the f32 product
-// x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread
-// converts runs of 8 elements of a row (16- or 32-byte loads, an 8-byte store of codes), the tile's codes go through
-// shared memory, and runs of 8 codes down a column are written as 8 bytes of the transpose.
+// x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread loads two
+// runs of 8 elements of a row (16- or 32-byte loads, both in flight at once) and converts them (8-byte stores of
+// codes), the tile's codes go through shared memory, and runs of 8 codes down a column are written as 8 bytes of the
+// transpose.
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tapegrad/cuda/fp8_codes.cuh"
@@ -17,49 +19,68 @@ constexpr int tile = 64;
 constexpr int run = 8;  // elements a thread converts together
 constexpr int quantize_threads = 256;
 constexpr int runs_per_tile = tile * tile / run;
+constexpr int runs_per_thread = runs_per_tile / quantize_threads;
 
-template <class S> __global__ void amax_kernel(const S* x, std::int64_t n, unsigned int* amax_bits) {
+// x's first `head` elements (up to a 16-byte boundary) and its last ones one at a time, the packs of 16 bytes between
+// them whole: a warp's loads are 512 bytes, not 64 (one bf16 each moved a quarter of the memory's bandwidth).
+template <class S>
+__global__ void amax_kernel(const S* x, std::int64_t n, std::int64_t head, unsigned int* amax_bits) {
+  wait_for_prior_kernels();
+  constexpr int V = 16 / sizeof(S);
+  const std::int64_t thread = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t threads = std::int64_t{gridDim.x} * blockDim.x;
+  const std::int64_t packs = (n - head) / V, tail = head + packs * V;
   unsigned int m = 0;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    m = max(m, abs_bits(x[i]));
+  if (thread < head) m = abs_bits(x[thread]);
+  for (std::int64_t i = thread; i < packs; i += threads) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(x + head + i * V);
+    const S* values = reinterpret_cast<const S*>(&bits);
+#pragma unroll
+    for (int j = 0; j < V; ++j) m = max(m, abs_bits(values[j]));
   }
+  if (tail + thread < n) m = max(m, abs_bits(x[tail + thread]));
   merge_amax(m, amax_bits);
-}
-
-__global__ void current_scale_kernel(const float* amax, float max, float* scale, float* scale_inv) {
-  const float s = fp8::current_scale(*amax, max);
-  *scale = s;
-  *scale_inv = 1.0f / s;
 }
 
 // Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
 // are zero codes), else rows. `aligned`: cols a multiple of run and x, codes at 16- and 8-byte boundaries (whole
 // runs load and store at once); `transposed_aligned`: likewise transposed_ld and the transpose.
+// With current.amax, every block makes the scale from it and the first writes it out.
 template <class S, fp8::Format F>
 __global__ void __launch_bounds__(quantize_threads)
-    quantize_kernel(const S* x, std::int64_t rows, std::int64_t cols, const float* scale_ptr, std::uint8_t* codes,
-                    std::uint8_t* transposed, std::int64_t transposed_ld, unsigned int* amax_bits, bool aligned,
-                    bool transposed_aligned) {
+    quantize_kernel(const S* x, std::int64_t rows, std::int64_t cols, const float* scale_ptr, Fp8CurrentScale current,
+                    std::uint8_t* codes, std::uint8_t* transposed, std::int64_t transposed_ld,
+                    unsigned int* amax_bits, bool aligned, bool transposed_aligned) {
   __shared__ std::uint8_t block[tile][tile + 4];
-  const float scale = *scale_ptr;
+  wait_for_prior_kernels();
+  const float scale = current.amax ? fp8::current_scale(*current.amax, fp8::max_value<F>()) : *scale_ptr;
+  if (current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
+    *current.scale = scale;
+    *current.scale_inv = 1.0f / scale;
+  }
   const std::int64_t padded_rows = transposed ? transposed_ld : rows;
   const std::int64_t tiles_across = (cols + tile - 1) / tile, tiles = tiles_across * ((padded_rows + tile - 1) / tile);
   unsigned int m = 0;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
-    for (int k = threadIdx.x; k < runs_per_tile; k += quantize_threads) {
-      const int i = k / (tile / run), j0 = k % (tile / run) * run;
-      const std::int64_t r = r0 + i, c = c0 + j0;
-      float v[run];
-      const bool whole = load_run_or_zeros(x, rows, cols, r, c, aligned, v);
+    // The thread's runs, all loads first (in flight together), then their codes.
+    float v[runs_per_thread][run];
+    bool whole[runs_per_thread];
+#pragma unroll
+    for (int u = 0; u < runs_per_thread; ++u) {
+      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), j0 = k % (tile / run) * run;
+      whole[u] = load_run_or_zeros(x, rows, cols, r0 + i, c0 + j0, aligned, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < runs_per_thread; ++u) {
+      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), j0 = k % (tile / run) * run;
       alignas(8) std::uint8_t q[run];
       for (int j = 0; j < run; ++j) {
-        m = max(m, __float_as_uint(fabsf(v[j])));
-        q[j] = to_fp8<F>(v[j] * scale);
+        m = max(m, __float_as_uint(fabsf(v[u][j])));
+        q[j] = to_fp8<F>(v[u][j] * scale);
         block[i][j0 + j] = q[j];
       }
-      if (codes) store_run(codes, rows, cols, r, c, whole, q);
+      if (codes) store_run(codes, rows, cols, r0 + i, c0 + j0, whole[u], q);
     }
     if (transposed == nullptr) continue;  // (the same for every thread of the block)
     __syncthreads();
@@ -90,17 +111,12 @@ void fp8_amax(DType dtype, const void* x, std::int64_t n, float* amax, int devic
   dispatch_quantized(dtype, "fp8_amax", [&](auto tag) {
     using S = decltype(tag);
     constexpr int threads = 512;
-    amax_kernel<S><<<launch.blocks_for(n, threads), threads, 0, launch.stream()>>>(
-        static_cast<const S*>(x), n, reinterpret_cast<unsigned int*>(amax));
-    TAPEGRAD_CUDA_CHECK_LAUNCH();
+    const auto misalignment = reinterpret_cast<std::uintptr_t>(x) % 16;
+    const std::int64_t head = std::min<std::int64_t>(n, misalignment == 0 ? 0 : (16 - misalignment) / sizeof(S));
+    const int blocks = launch.blocks_for((n - head) / (16 / sizeof(S)) + 1, threads);
+    launch_overlapped(launch, amax_kernel<S>, blocks, threads, 0, static_cast<const S*>(x), n, head,
+                      reinterpret_cast<unsigned int*>(amax));
   });
-}
-
-void fp8_current_scale(const float* amax, DType format, float* scale, float* scale_inv, int device) {
-  const float max = fp8::max_value(format_of(format, "fp8_current_scale"));
-  const Launch launch(device);
-  current_scale_kernel<<<1, 1, 0, launch.stream()>>>(amax, max, scale, scale_inv);
-  TAPEGRAD_CUDA_CHECK_LAUNCH();
 }
 
 void fp8_quantize(const Fp8Quantize& q, int device) {
@@ -109,8 +125,11 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
   const std::int64_t transposed_ld = q.transposed_ld == 0 ? q.rows : q.transposed_ld;
   check(!q.transposed || transposed_ld >= q.rows, "fp8_quantize", "the transposed codes' rows (", transposed_ld,
         ") are shorter than x's ", q.rows, " rows");
+  check(!q.current || (q.current->amax && q.current->scale && q.current->scale_inv), "fp8_quantize",
+        "current scaling needs an amax to make the scale from, and where to write it and its inverse");
+  const Fp8CurrentScale current = q.current ? *q.current : Fp8CurrentScale{};
   const std::int64_t padded_rows = q.transposed ? transposed_ld : q.rows;
-  if (padded_rows == 0 || q.cols == 0) return;
+  if ((padded_rows == 0 || q.cols == 0) && !q.current) return;
   const Launch launch(device);
   const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
   const bool aligned = q.cols % run == 0 && at(q.x, 16) && at(q.codes, 8);
@@ -120,11 +139,10 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
     const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((q.cols + tile - 1) / tile);
     const int blocks = launch.blocks_for(tiles * quantize_threads, quantize_threads);
     const auto launch_kernel = [&](auto kernel) {
-      kernel<<<blocks, quantize_threads, 0, launch.stream()>>>(
-          static_cast<const S*>(q.x), q.rows, q.cols, q.scale, static_cast<std::uint8_t*>(q.codes),
-          static_cast<std::uint8_t*>(q.transposed), transposed_ld, reinterpret_cast<unsigned int*>(q.amax), aligned,
-          transposed_aligned);
-      TAPEGRAD_CUDA_CHECK_LAUNCH();
+      launch_overlapped(launch, kernel, blocks, quantize_threads, 0, static_cast<const S*>(q.x), q.rows, q.cols,
+                        q.scale, current, static_cast<std::uint8_t*>(q.codes),
+                        static_cast<std::uint8_t*>(q.transposed), transposed_ld,
+                        reinterpret_cast<unsigned int*>(q.amax), aligned, transposed_aligned);
     };
     if (f == fp8::Format::e4m3) {
       launch_kernel(quantize_kernel<S, fp8::Format::e4m3>);

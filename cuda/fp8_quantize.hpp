@@ -11,21 +11,29 @@ namespace tapegrad::cuda {
 
 // *amax = max(*amax, max |x|) over the n elements of x (f32, bf16 or f16; a NaN wins, as on the CPU). The maximum is
 // taken over the f32 bit patterns of |x|, which order as the values do (NaN above infinity): no order of the
-// threads changes it, so the result is the same every run.
+// threads changes it, so the result is the same every run. x is read 16 bytes at a time (its first elements up to a
+// 16-byte boundary, and the last ones, one at a time).
 void fp8_amax(DType dtype, const void* x, std::int64_t n, float* amax, int device);
 
-// The scales of current scaling from an amax on the device: *scale = max / *amax of the format (1 for an amax of 0,
-// tensor/core/fp8.hpp's current_scale) and *scale_inv = 1 / *scale, what a GEMM multiplies the codes by.
-void fp8_current_scale(const float* amax, DType format, float* scale, float* scale_inv, int device);
+// Current scaling's scales, made by the quantization that uses them from an amax on the device (no kernel of their
+// own): scale = max / *amax of the format (1 for an amax of 0, tensor/core/fp8.hpp's current_scale), written to
+// *scale, and 1 / scale, what a GEMM multiplies the codes by, to *scale_inv.
+struct Fp8CurrentScale {
+  const float* amax = nullptr;
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+};
 
 // x [rows, cols] row-major in f32, bf16 or f16, quantized to `format` (f8e4m3 or f8e5m2: round to nearest even,
-// saturating) with the scale at `scale` on the device: code = fp8(x · *scale). One pass writes what is asked for.
+// saturating) with the scale at `scale` on the device, or current scaling's made from an amax: code = fp8(x · scale).
+// One pass writes what is asked for.
 struct Fp8Quantize {
   DType dtype = DType::f32;
   const void* x = nullptr;
   std::int64_t rows = 0, cols = 0;
   DType format = DType::f8e4m3;
-  const float* scale = nullptr;
+  const float* scale = nullptr;            // read unless `current` makes the scale
+  const Fp8CurrentScale* current = nullptr;  // the scale made from current->amax (written out, even for no x)
   void* codes = nullptr;  // [rows, cols]; null: none
   // [cols, transposed_ld]: the codes transposed, zero in columns rows .. transposed_ld (a GEMM that sums over the
   // rows reads them with its inner size padded to 16 bytes); null: none.

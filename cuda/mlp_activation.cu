@@ -47,10 +47,12 @@ template <class S> struct Buffers {
   S* a;                      // forward (unless codes); backward where not null (may be da: its loads come first)
   S* dz;                     // backward only
   compute_of<S>* partials;   // backward; null: no bias gradient
-  // Forward, where codes is not null: a's e4m3 codes in place of a, with the scale and the amax (if not null).
+  // Forward, where codes is not null: a's e4m3 codes in place of a, with the scale, or with block scaling's per 1×128
+  // tile of a row (their inverses to tile_scales, [F / 128, rows]).
   std::uint8_t* codes = nullptr;
   const float* scale = nullptr;
-  unsigned int* amax_bits = nullptr;
+  float* tile_scales = nullptr;
+  unsigned int* amax_bits = nullptr;  // forward: a's amax (as rounded to S); null: none
 };
 
 // The loads of R rows of a thread's columns: z (both halves for gated activations) and, backward, da.
@@ -69,6 +71,25 @@ template <class S, int V, int R, bool Backward> struct RowLoads {
     }
   }
 };
+
+// Block scaling: the scale of the 1×128 tile of row r that holds the thread's V columns at col, from the tile's amax
+// over the 128 / V lanes that hold it (aligned groups of a warp: a block's columns start at multiples of 128), whose
+// first writes the tile's inverse scale. Every lane of the group calls it for the same row.
+template <class S, int V>
+__device__ __forceinline__ float tile_scale_of(const Pack<S, V>& a, float* inverses, std::int64_t rows,
+                                               std::int64_t r, std::int64_t col) {
+  constexpr int lanes = fp8::block_tile / V;
+  static_assert(lanes == 16 || lanes == 32, "a tile's lanes are half a warp or a warp");
+  const unsigned lane = threadIdx.x % 32;
+  const unsigned group = lanes == 32 ? 0xffffffffu : 0xffffu << (lane & 16u);
+  unsigned int m = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) m = max(m, abs_bits(a.v[v]));
+  for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(group, m, offset));
+  const TileScales s = tile_scales(m);
+  if (lane % lanes == 0) inverses[col / fp8::block_tile * rows + r] = s.inverse;
+  return s.scale;
+}
 
 // Each thread keeps the next R rows' loads in flight while it computes the current R (a register double buffer):
 // loading, then computing, left the memory idle while a warp computed.
@@ -110,15 +131,17 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
           C value = function_of<Fixed, sizeof(S) == 2>(act, z0, static_cast<C*>(nullptr));
           if (width == 2) value *= gate_of<Fixed, C>(act, z1, nullptr);
           a.v[v] = from_compute<S>(value);
+          if (b.amax_bits) amax = max(amax, abs_bits(a.v[v]));
         }
       }
       if (!Backward && b.codes) {
+        float code_scale = scale;
+        if constexpr (fp8::block_tile / V <= 32) {  // (packs of 16 bytes: the launcher refuses tiles without them)
+          if (b.tile_scales) code_scale = tile_scale_of(a, b.tile_scales, rows, r, col);
+        }
         Pack<std::uint8_t, V> codes;
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          amax = max(amax, abs_bits(a.v[v]));
-          codes.v[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(a.v[v]) * scale);
-        }
+        for (int v = 0; v < V; ++v) codes.v[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(a.v[v]) * code_scale);
         *reinterpret_cast<Pack<std::uint8_t, V>*>(b.codes + r * F + col) = codes;
       } else if (!Backward || b.a) {
         store_streaming(reinterpret_cast<Pack<S, V>*>(b.a + r * F + col), a);
@@ -172,16 +195,21 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 }
 
 void mlp_activation_forward(DType dtype, int device, const ActivationForm& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes) {
+                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes, float* amax) {
   dispatch_float(dtype, "layernorm_mlp", [&](auto tag) {
     using S = decltype(tag);
+    check((!codes && !amax) || sizeof(S) <= 4, "layernorm_mlp",
+          "fp8 codes and amaxes of the activation are made from f32, bf16 or f16, not ", dtype_name(dtype));
     Buffers<S> b{static_cast<const S*>(z), nullptr, static_cast<S*>(a), nullptr, nullptr};
+    b.amax_bits = reinterpret_cast<unsigned int*>(amax);
     if (codes) {
-      check(sizeof(S) <= 4, "layernorm_mlp", "fp8 codes of the activation are made from f32, bf16 or f16, not ",
-            dtype_name(dtype));
       b.codes = static_cast<std::uint8_t*>(codes->codes);
       b.scale = codes->scale;
-      b.amax_bits = reinterpret_cast<unsigned int*>(codes->amax);
+      b.tile_scales = codes->tile_scales;
+      check(!b.tile_scales || (F % fp8::block_tile == 0 && rows % 4 == 0 && sizeof(S) <= 4 &&
+                               rows::packs_fit<S>(F, {z, codes->codes, codes->tile_scales})),
+            "layernorm_mlp", "the activation's codes in 1x128 tiles need F (", F, ") in whole tiles, rows (", rows,
+            ") a multiple of 4 and 16-byte aligned rows");
     }
     launch_activation<S, false>(device, act, b, rows, F);
   });

@@ -11,17 +11,21 @@
 namespace tapegrad::cuda {
 
 // a's fp8 codes, written by the forward in place of a: code = fp8(a · *scale) in f8e4m3 (the activation's format
-// in every recipe), a rounded to the dtype first, bitwise what fp8_quantize makes of that a; and, where amax is
-// given, *amax = max(*amax, max |a|) as fp8_amax computes it.
+// in every recipe), a rounded to the dtype first, bitwise what fp8_quantize makes of that a; or, with tile_scales,
+// block scaling's codes with a scale per 1×128 tile of each row and the tiles' inverse scales at tile_scales, bitwise
+// what fp8_block_quantize makes of that a's codes (F a multiple of 128, rows of 4, 16-byte aligned rows).
 struct ActivationCodes {
   void* codes = nullptr;  // [rows, F]
-  const float* scale = nullptr;
-  float* amax = nullptr;
+  const float* scale = nullptr;  // unless tile_scales
+  float* tile_scales = nullptr;  // [F / 128, rows], cuBLASLt's VEC128 layout (cuda/blaslt.hpp); null: one scale
 };
 
-// z [rows, width·F] → a [rows, F], or its fp8 codes where `codes` is given (a is then not written and may be null).
+// z [rows, width·F] → a [rows, F], or its fp8 codes where `codes` is given (a is then not written and may be null);
+// where amax is given, *amax = max(*amax, max |a|) over a as rounded to the dtype, as fp8_amax computes it (delayed
+// scaling's record, current scaling's amax without a pass of its own).
 void mlp_activation_forward(DType dtype, int device, const ActivationForm& act, const void* z, void* a,
-                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes = nullptr);
+                            std::int64_t rows, std::int64_t F, const ActivationCodes* codes = nullptr,
+                            float* amax = nullptr);
 
 struct ActivationGrads {
   void* dz = nullptr;     // [rows, width·F] in dtype; may be z itself (each element is read, then written)

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "tapegrad/cuda/async_copy.cuh"
+#include "tapegrad/cuda/fp8_codes.cuh"
 #include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/cuda/rows.cuh"
 
@@ -45,7 +46,19 @@ template <class S> struct ForwardParams {
   C epsilon;
   bool centered;
   C gamma_offset;  // 1 for zero-centered gamma, else 0
+  unsigned int* amax_bits;  // null: no amax of y
 };
+
+// Stores a pack of y's row, and where y's amax is wanted merges the values as stored into the thread's m.
+template <int V, class S, class C>
+__device__ __forceinline__ void store_y(S* row, std::int64_t q, const C (&v)[V], const ForwardParams<S>& p,
+                                        unsigned int& m) {
+  rows::store(row, q, v);
+  if (p.amax_bits) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) m = max(m, abs_bits(from_compute<S>(v[k])));
+  }
+}
 
 template <class S, class Config, bool Padded>
 __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(ForwardParams<S> p) {
@@ -54,6 +67,7 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
   constexpr int V = Config::V;
   const rows::RowExtent<V, Padded> m{p.hidden};
   const C count = static_cast<C>(p.hidden);
+  unsigned int amax = 0;
   Config::for_each_row(p.rows, [&](std::int64_t r) {
     const S* x = p.x + r * p.ld;
     C mean = 0;
@@ -87,9 +101,10 @@ __global__ void __launch_bounds__(Config::block_threads) norm_forward_kernel(For
       for (int k = 0; k < V; ++k) {
         v[k] = m.in_row(q, k) ? (v[k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
       }
-      rows::store(p.y + r * p.ld, q, v);
+      store_y(p.y + r * p.ld, q, v, p, amax);
     });
   });
+  if (p.amax_bits) merge_amax(amax, p.amax_bits);  // (the same for every thread of the block)
 }
 
 template <class S> struct BackwardParams {
@@ -364,6 +379,7 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
   const rows::RowExtent<V, Padded> m{p.hidden};
   const std::int64_t packs = p.ld / V;
   const C count = static_cast<C>(p.hidden);
+  unsigned int amax = 0;
   for (std::int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const S* x = p.x + r * p.ld;
     C v[P][V] = {};
@@ -404,9 +420,10 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
       for (int k = 0; k < V; ++k) {
         v[i][k] = m.in_row(q, k) ? (v[i][k] - mean) * rstd * (g[k] + p.gamma_offset) + b[k] : C(0);
       }
-      rows::store(p.y + r * p.ld, q, v[i]);
+      store_y(p.y + r * p.ld, q, v[i], p, amax);
     }
   }
+  if (p.amax_bits) merge_amax(amax, p.amax_bits);  // (the same for every thread of the block)
 }
 
 // The rows' x and dy (and other) are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the
@@ -581,7 +598,8 @@ void norm_forward(const NormProblem& problem, const NormForwardArgs& args, int d
                              ld,
                              static_cast<C>(args.epsilon),
                              problem.centered,
-                             problem.zero_centered_gamma ? C(1) : C(0)};
+                             problem.zero_centered_gamma ? C(1) : C(0),
+                             reinterpret_cast<unsigned int*>(args.amax)};
     const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.beta, args.y});
     rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
       const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {

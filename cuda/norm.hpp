@@ -34,6 +34,9 @@ struct NormForwardArgs {
   void* mean = nullptr;  // C[rows], written for layernorm unless null (rmsnorm has none)
   void* rstd = nullptr;  // C[rows], written unless null
   double epsilon = 1e-6;  // added to the variance (rmsnorm: the mean square), in C
+  // *amax = max(*amax, max |y|) over y as rounded to the dtype, as cuda::fp8_amax takes it (f32 bits: the same every
+  // run), unless null: FP8 current scaling's amax of y, made where y is written rather than by a pass of its own.
+  float* amax = nullptr;
 };
 
 // y = normalized x, and each row's statistics for the backward.

@@ -1,7 +1,9 @@
 // The GPU's FP8 kernels. Quantization (cuda/fp8_quantize.hpp): amax, current scaling's scales, codes and their
 // transpose bitwise the CPU's, for f32, bf16 and f16 inputs of odd sizes, in both formats, saturation included, and
 // for every kind of f32 value (ties, specials); the activation kernels' own codes of a, dz and their transposes
-// (delayed scaling's fused quantization) bitwise fp8_quantize's.
+// (delayed scaling's fused quantization) bitwise fp8_quantize's, and of a in 1×128 tiles fp8_block_quantize's; the
+// amaxes that the norm and the activation's forward merge as they write their outputs (current scaling's)
+// fp8_amax's of those outputs.
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
 // the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
@@ -19,8 +21,10 @@
 #include "fp8_sums.hpp"
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/fp8_block_quantize.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -90,24 +94,30 @@ template <class FA, class FB, class O> void check_product(std::int64_t M, std::i
 }
 
 // Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's: the
-// amax (of fp8_amax and of the quantization's own pass), the scales, the codes and their transpose (its rows padded
-// to a multiple of 16 with zero codes).
+// amax (of fp8_amax, also from x's second element on, where its loads start off a 16-byte boundary, and of the
+// quantization's own pass), the scales (made by the quantization from fp8_amax's), the codes and their transpose (its
+// rows padded to a multiple of 16 with zero codes).
 template <class F, class T> void check_quantization(const Tensor<T>& x) {
   INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape());
   const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = (rows + 15) / 16 * 16;
   const float amax = detail::amax_of(x);
+  float amax_past_first = 0.0f;
+  for (std::int64_t i = 1; i < x.numel(); ++i) {
+    amax_past_first = std::max(amax_past_first, std::abs(convert<float>(x.flat(i))));
+  }
   const float scale = fp8::current_scale(amax, fp8::max_value<F::format>());
   const Tensor<T> x_gpu = x.to(gpu);
-  Tensor<float> amax_gpu = zeros<float>({2}).to(gpu), scales_gpu(Shape{2}, gpu);
+  Tensor<float> amax_gpu = zeros<float>({3}).to(gpu), scales_gpu(Shape{2}, gpu);
   Tensor<F> codes_gpu(Shape{rows, cols}, gpu), transposed_gpu(Shape{cols, ld}, gpu);
   cuda::fp8_amax(dtype_v<T>, x_gpu.data(), x.numel(), amax_gpu.data(), 0);
-  cuda::fp8_current_scale(amax_gpu.data(), dtype_v<F>, scales_gpu.data(), scales_gpu.data() + 1, 0);
+  cuda::fp8_amax(dtype_v<T>, x_gpu.data() + 1, x.numel() - 1, amax_gpu.data() + 2, 0);
+  const cuda::Fp8CurrentScale current{amax_gpu.data(), scales_gpu.data(), scales_gpu.data() + 1};
   cuda::fp8_quantize({.dtype = dtype_v<T>,
                       .x = x_gpu.data(),
                       .rows = rows,
                       .cols = cols,
                       .format = dtype_v<F>,
-                      .scale = scales_gpu.data(),
+                      .current = &current,
                       .codes = codes_gpu.data(),
                       .transposed = transposed_gpu.data(),
                       .transposed_ld = ld,
@@ -116,6 +126,7 @@ template <class F, class T> void check_quantization(const Tensor<T>& x) {
   const Tensor<float> amaxes = amax_gpu.to(host);
   CHECK(amaxes.flat(0) == amax);
   CHECK(amaxes.flat(1) == amax);
+  CHECK(amaxes.flat(2) == amax_past_first);
   const Tensor<float> scales = scales_gpu.to(host);
   CHECK(scales.flat(0) == scale);
   CHECK(scales.flat(1) == 1.0f / scale);
@@ -156,6 +167,27 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
       check_quantization<f8e5m2>(cast<f16>(t));
     }
   }
+  // Long runs (the amax's packs, and a grid that strides), every start off a 16-byte boundary.
+  for (const std::int64_t n : {std::int64_t{1} << 22, std::int64_t{100003}}) {
+    const Tensor<bf16> x = randn<bf16>({n}, seed, 0.0, 1.0);
+    const Tensor<bf16> x_gpu = x.to(gpu);
+    for (std::int64_t offset = 0; offset < 8; ++offset) {
+      CAPTURE(n);
+      CAPTURE(offset);
+      float want = 0.0f;
+      for (std::int64_t i = offset; i < n - 3; ++i) want = std::max(want, std::abs(convert<float>(x.flat(i))));
+      Tensor<float> amax = zeros<float>({1}).to(gpu);
+      cuda::fp8_amax(DType::bf16, x_gpu.data() + offset, n - 3 - offset, amax.data(), 0);
+      CHECK(amax.to(host).flat(0) == want);
+    }
+  }
+  // Current scaling of no elements: the scale is still written (1, an amax of 0's).
+  const Tensor<float> no_amax = zeros<float>({1}).to(gpu);
+  Tensor<float> made = full<float>({2}, NAN).to(gpu);
+  const cuda::Fp8CurrentScale from_no_amax{no_amax.data(), made.data(), made.data() + 1};
+  cuda::fp8_quantize({.rows = 0, .cols = 8, .current = &from_no_amax}, 0);
+  CHECK(made.to(host).flat(0) == 1.0f);
+  CHECK(made.to(host).flat(1) == 1.0f);
   // A delayed scale below the tensor's own: saturation to the largest finite code (the GPU uses the CPU's scale).
   const Tensor<float> x = randn<float>({8, 8}, seed, 0.0, 100.0);
   const Tensor<float> x_gpu = x.to(gpu), scale = full<float>({1}, 16.0).to(gpu);
@@ -169,6 +201,10 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
                        doctest::Contains("fp8_quantize: quantizes f32, bf16 or f16, not f64"), Error);
   CHECK_THROWS_WITH_AS(cuda::fp8_quantize({.x = x.data(), .rows = 8, .cols = 8, .format = DType::bf16}, 0),
                        doctest::Contains("the format must be f8e4m3 or f8e5m2, got bf16"), Error);
+  const cuda::Fp8CurrentScale nowhere{no_amax.data()};
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize({.x = x.data(), .rows = 8, .cols = 8, .current = &nowhere}, 0),
+                       doctest::Contains("fp8_quantize: current scaling needs an amax to make the scale from"),
+                       Error);
 }
 
 TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
@@ -210,7 +246,7 @@ TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
   CHECK(bad == 0);
 }
 
-TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of its a, with the same amax") {
+TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of its a, with the same amax as its a's") {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
@@ -223,19 +259,65 @@ TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of it
       const Tensor<float> scale = full<float>({1}, 3.5).to(gpu);
       Tensor<bf16> a(Shape{rows, F}, gpu);
       Tensor<f8e4m3> fused(Shape{rows, F}, gpu), separate(Shape{rows, F}, gpu);
-      Tensor<float> amax = zeros<float>({2}).to(gpu);
-      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), a.data(), rows, F);
+      Tensor<float> amax = zeros<float>({3}).to(gpu);  // fp8_quantize's, the fused codes', the values'
+      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), a.data(), rows, F, nullptr, amax.data() + 2);
       cuda::fp8_quantize({.dtype = DType::bf16, .x = a.data(), .rows = rows, .cols = F, .scale = scale.data(),
                           .codes = separate.data(), .amax = amax.data()},
                          0);
-      const cuda::ActivationCodes codes{fused.data(), scale.data(), amax.data() + 1};
-      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), nullptr, rows, F, &codes);
+      const cuda::ActivationCodes codes{fused.data(), scale.data()};
+      cuda::mlp_activation_forward(DType::bf16, 0, form, z.data(), nullptr, rows, F, &codes, amax.data() + 1);
       CHECK(test::bitwise_equal(fused.to(host), separate.to(host)));
       const Tensor<float> amaxes = amax.to(host);
       CHECK(amaxes.flat(0) == amaxes.flat(1));
+      CHECK(amaxes.flat(0) == amaxes.flat(2));
       CHECK(amaxes.flat(0) > 0.0f);
     }
   }
+}
+
+TEST_CASE("the activation kernel's codes of a in 1x128 tiles are fp8_block_quantize's of its a, scales too") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (Activation activation : {Activation::gelu, Activation::swiglu}) {
+    const ActivationForm form = detail::mlp::activation_form({.activation = activation});
+    const std::int64_t width = activation_width(activation);
+    // F 384: the last tile in half of a warp whose other half is past F (bf16); 1024: several blocks' worth in f32.
+    for (const std::int64_t F : {std::int64_t{384}, std::int64_t{1024}}) {
+      for (const bool f32 : {false, true}) {
+        CAPTURE(F);
+        CAPTURE(f32);
+        const std::int64_t rows = 44;
+        Tensor<float> z_host = randn<float>({rows, width * F}, seed, 0.0, 2.0);
+        for (std::int64_t c = 0; c < 128; ++c) z_host.flat(3 * width * F + 128 + c) *= 1e-3f;  // a tile of small values
+        z_host.flat(5 * width * F + 7) = INFINITY;  // a tile holding an infinity: its scale's inverse is NaN
+        const DType dtype = f32 ? DType::f32 : DType::bf16;
+        const Tensor<float> z32 = z_host.to(gpu);
+        const Tensor<bf16> z16 = cast<bf16>(z_host).to(gpu);
+        const void* z = f32 ? static_cast<const void*>(z32.data()) : static_cast<const void*>(z16.data());
+        Tensor<float> a32(Shape{rows, F}, gpu);
+        Tensor<bf16> a16(Shape{rows, F}, gpu);
+        void* a = f32 ? static_cast<void*>(a32.data()) : static_cast<void*>(a16.data());
+        const std::int64_t scale_count = cuda::fp8_scale_shape(cuda::Fp8Scaling::tiles_1x128, rows, F).count();
+        Tensor<f8e4m3> fused(Shape{rows, F}, gpu), separate(Shape{rows, F}, gpu);
+        Tensor<float> fused_scales = full<float>({scale_count}, -1.0).to(gpu), separate_scales(Shape{scale_count}, gpu);
+        cuda::mlp_activation_forward(dtype, 0, form, z, a, rows, F);
+        cuda::fp8_block_quantize({.dtype = dtype, .x = a, .rows = rows, .cols = F, .codes = separate.data(),
+                                  .scales = separate_scales.data()},
+                                 0);
+        const cuda::ActivationCodes codes{.codes = fused.data(), .tile_scales = fused_scales.data()};
+        cuda::mlp_activation_forward(dtype, 0, form, z, nullptr, rows, F, &codes);
+        CHECK(test::bitwise_equal(fused.to(host), separate.to(host)));
+        CHECK(test::bitwise_equal(fused_scales.to(host), separate_scales.to(host)));
+      }
+    }
+  }
+  const Tensor<bf16> z(Shape{6, 128}, gpu);
+  Tensor<f8e4m3> codes(Shape{6, 128}, gpu);
+  Tensor<float> scales(Shape{8}, gpu);
+  const cuda::ActivationCodes tiled{.codes = codes.data(), .tile_scales = scales.data()};
+  CHECK_THROWS_WITH_AS(
+      cuda::mlp_activation_forward(DType::bf16, 0, detail::mlp::activation_form({}), z.data(), nullptr, 6, 128, &tiled),
+      doctest::Contains("codes in 1x128 tiles need F (128) in whole tiles, rows (6) a multiple of 4"), Error);
 }
 
 TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of the plain backward's, and db1 its sum") {
@@ -319,6 +401,32 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
   CHECK_THROWS_WITH_AS(cuda::mlp_activation_backward_codes(DType::bf16, 0, detail::mlp::activation_form({}), z.data(),
                                                            z.data(), {.dz_scale = scale.data()}, 4, 24),
                        doctest::Contains("the fused backward needs F (24) in a multiple of 16"), Error);
+}
+
+TEST_CASE("the norm's amax of y is fp8_amax's of its y, in every kernel and with padded rows") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  // hidden 200: a warp a row; 3000 (padded to 3008): rows held in registers; 9000: a block a row, in 8 passes.
+  for (const auto& [hidden, ld] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {3000, 3008}, {9000, 9000}}) {
+    for (const bool centered : {true, false}) {
+      CAPTURE(hidden);
+      CAPTURE(centered);
+      const std::int64_t rows = 37;
+      const Tensor<bf16> x = randn<bf16>({rows, ld}, seed, 1.0, 3.0).to(gpu);
+      const Tensor<bf16> gamma = randn<bf16>({hidden}, seed + 1).to(gpu);
+      const Tensor<bf16> beta = randn<bf16>({hidden}, seed + 2).to(gpu);
+      Tensor<bf16> y(Shape{rows, ld}, gpu);
+      Tensor<float> amax = zeros<float>({2}).to(gpu);
+      cuda::norm_forward({.dtype = DType::bf16, .rows = rows, .hidden = hidden, .ld = ld, .centered = centered},
+                         {.x = x.data(), .gamma = gamma.data(), .beta = beta.data(), .y = y.data(),
+                          .amax = amax.data()},
+                         0);
+      cuda::fp8_amax(DType::bf16, y.data(), y.numel(), amax.data() + 1, 0);
+      const Tensor<float> amaxes = amax.to(host);
+      CHECK(amaxes.flat(0) == amaxes.flat(1));
+      CHECK(amaxes.flat(0) > 1.0f);
+    }
+  }
 }
 
 TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {

@@ -3,7 +3,9 @@
 #include "tapegrad/ops/fp8/detail/device_operand.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
@@ -27,13 +29,14 @@ class PerTensorScaling : public DeviceRecipe {
   Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
                     Pass pass) const override {
     const Fp8Codes out = codes_for(role, rows, cols, layouts);
-    make_scale(role, dtype, x, rows * cols, pass);
+    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, dtype, x, rows * cols, pass);
     cuda::fp8_quantize({.dtype = dtype,
                         .x = x,
                         .rows = rows,
                         .cols = cols,
                         .format = out.format,
                         .scale = slot(role, scale_field),
+                        .current = current ? &*current : nullptr,
                         .codes = layouts.columns ? out.codes->data() : nullptr,
                         .transposed = layouts.rows ? out.transposed->data() : nullptr,
                         .transposed_ld = out.transposed_ld,
@@ -64,8 +67,11 @@ class PerTensorScaling : public DeviceRecipe {
     out.scalars = scalars_;
     return out;
   }
-  // Before a quantization: current scaling makes the role's scale from the pass's first tensor.
-  virtual void make_scale(fp8::Role, DType, const void*, std::int64_t, Pass) const {}
+  // Current scaling: the pass's first quantization of a role makes the role's scale from the tensor's amax.
+  virtual std::optional<cuda::Fp8CurrentScale> current_scale(fp8::Role, DType, const void*, std::int64_t,
+                                                              Pass) const {
+    return std::nullopt;
+  }
   // Whether the quantization merges the tensor's amax into the role's: delayed scaling records the pass's first.
   virtual bool records(Pass) const { return false; }
   // Where it merges it.
@@ -109,13 +115,31 @@ class CurrentScaling final : public PerTensorScaling {
  public:
   // Each quantization makes its own scale: nothing to upload, so that a graph can capture the step.
   CurrentScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
-      : PerTensorScaling(op, q, device, std::move(group), Tensor<float>(Shape{fp8::role_count, fields}, device)) {}
+      : PerTensorScaling(op, q, device, std::move(group), Tensor<float>(Shape{fp8::role_count, fields}, device)),
+        amaxes_(Shape{fp8::role_count}, device) {}
+
+  // A role that is not sharded (its amax is this rank's alone): the amax is merged by the kernel that makes the
+  // tensor, which spares the quantization a pass over it.
+  float* amax_target(fp8::Role role, Pass pass) const override {
+    if (pass != Pass::first || (group_ && group_->is_sharded(role))) return nullptr;
+    made_[index(role)] = true;
+    return accumulator(role);
+  }
+  void end_pass() const override {
+    stale_ = true;
+    made_ = {};
+  }
 
  private:
-  // A sharded role's amax with an amax group: every rank's gathered, then their maximum by the same kernel.
-  void make_scale(fp8::Role role, DType dtype, const void* x, std::int64_t n, Pass pass) const override {
-    if (pass != Pass::first) return;
-    float* amax = slot(role, amax_field);
+  static std::size_t index(fp8::Role role) { return static_cast<std::size_t>(role); }
+
+  // The tensor's amax (its maker's, else found here; a sharded role's, with an amax group, every rank's gathered and
+  // their maximum taken by the same kernel), from which the quantization makes the scale.
+  std::optional<cuda::Fp8CurrentScale> current_scale(fp8::Role role, DType dtype, const void* x, std::int64_t n,
+                                                      Pass pass) const override {
+    if (pass != Pass::first) return std::nullopt;
+    const cuda::Fp8CurrentScale out{amaxes_.data() + index(role), slot(role, scale_field), slot(role, scale_inv_field)};
+    if (std::exchange(made_[index(role)], false)) return out;
     Tensor<float> ranks_amaxes;  // (alive until the kernel below is queued)
     if (group_ && group_->is_sharded(role)) {
       Tensor<float> mine(Shape{1}, device_);
@@ -126,11 +150,31 @@ class CurrentScaling final : public PerTensorScaling {
       n = ranks_amaxes.numel();
       dtype = DType::f32;
     }
-    cuda::fill(DType::f32, amax, 1, 0.0, device_.index);
-    cuda::fp8_amax(dtype, x, n, amax, device_.index);
-    cuda::fp8_current_scale(amax, format_of(role), slot(role, scale_field), slot(role, scale_inv_field),
-                            device_.index);
+    cuda::fp8_amax(dtype, x, n, accumulator(role), device_.index);
+    return out;
   }
+
+  // Role's amax accumulator, zero: one fill zeroes all of them at a pass's first use (the step's start leaves them
+  // unset, a pass its amaxes), a role's own again where a pass quantizes the role twice.
+  float* accumulator(fp8::Role role) const {
+    float* amaxes = const_cast<float*>(amaxes_.data());
+    float* amax = amaxes + index(role);
+    if (stale_) {
+      cuda::fill(DType::f32, amaxes, fp8::role_count, 0.0, device_.index);
+      stale_ = false;
+      used_ = {};
+    } else if (used_[index(role)]) {
+      cuda::fill(DType::f32, amax, 1, 0.0, device_.index);
+    }
+    used_[index(role)] = true;
+    return amax;
+  }
+
+  Tensor<float> amaxes_;  // [role_count]: the amaxes the pass's scales are made from
+  // What the host has queued on them (the host knows, in stream order): whether a fill must come before the next use,
+  // which roles' accumulators the pass has used, which hold an amax their tensor's maker merged.
+  mutable bool stale_ = true;
+  mutable std::array<bool, fp8::role_count> used_{}, made_{};
 };
 
 // Block scaling: e4m3 codes with a scale per tile of fp8::block_tile, made by the same pass as the codes.
@@ -141,6 +185,39 @@ class BlockScaling final : public DeviceRecipe {
 
   Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
                     Pass) const override {
+    const Fp8Codes out = codes_for(role, rows, cols, layouts);
+    cuda::fp8_block_quantize({.dtype = dtype,
+                              .x = x,
+                              .rows = rows,
+                              .cols = cols,
+                              .scaling = out.scaling,
+                              .codes = data(out.codes),
+                              .codes_rows = out.code_rows,
+                              .scales = floats(out.scales),
+                              .transposed = data(out.transposed),
+                              .transposed_ld = out.transposed_ld,
+                              .transposed_scales = floats(out.transposed_scales)},
+                             device_.index);
+    return out;
+  }
+  // A forward input's codes in one layout, 1×128 tiles along its rows, which a kernel that writes whole rows in whole
+  // tiles can quantize itself (with rows a multiple of 4: no padding rows to write). Not a weight's (blocks), nor a
+  // gradient's (the backward's kernels write one scale per tensor).
+  std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                                  Pass) const override {
+    if (fp8::is_weight(role) || fp8::is_gradient(role) || layouts.rows || rows % 4 != 0 ||
+        cols % fp8::block_tile != 0) {
+      return std::nullopt;
+    }
+    return Fp8Target{.codes = codes_for(role, rows, cols, layouts)};
+  }
+  std::int64_t granule() const override { return fp8::block_tile; }
+
+ private:
+  static void* data(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
+  static float* floats(const std::shared_ptr<Storage>& s) { return static_cast<float*>(data(s)); }
+
+  Fp8Codes codes_for(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts) const {
     Fp8Codes out;
     out.format = DType::f8e4m3;
     out.rows = rows;
@@ -159,23 +236,8 @@ class BlockScaling final : public DeviceRecipe {
       out.transposed = bytes(cols * out.transposed_ld);
       out.transposed_scales = scales_of(cols, out.transposed_ld);
     }
-    const auto floats = [](const std::shared_ptr<Storage>& s) { return s ? static_cast<float*>(s->data()) : nullptr; };
-    const auto data = [](const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; };
-    cuda::fp8_block_quantize({.dtype = dtype,
-                              .x = x,
-                              .rows = rows,
-                              .cols = cols,
-                              .scaling = out.scaling,
-                              .codes = data(out.codes),
-                              .codes_rows = out.code_rows,
-                              .scales = floats(out.scales),
-                              .transposed = data(out.transposed),
-                              .transposed_ld = out.transposed_ld,
-                              .transposed_scales = floats(out.transposed_scales)},
-                             device_.index);
     return out;
   }
-  std::int64_t granule() const override { return fp8::block_tile; }
 };
 
 }  // namespace
@@ -183,6 +245,8 @@ class BlockScaling final : public DeviceRecipe {
 std::optional<Fp8Target> DeviceRecipe::target(fp8::Role, std::int64_t, std::int64_t, Layouts, Pass) const {
   return std::nullopt;
 }
+
+float* DeviceRecipe::amax_target(fp8::Role, Pass) const { return nullptr; }
 
 std::shared_ptr<Storage> DeviceRecipe::bytes(std::int64_t count) const {
   return Storage::allocate(static_cast<std::size_t>(count), device_);

@@ -52,10 +52,11 @@ template <class T, class P> class GpuSteps {
   const Sharding& sharding() const { return sharding_; }
   const LayerNormMLPOptions& options() const { return s_.options; }
 
-  // h [rows, H] (padded) from x and the saved γ, β: the forward computes the statistics, a recompute leaves them as
-  // they are (bitwise the forward's h).
+  // h [rows, H] (padded) from x and the saved γ, β: the forward computes the statistics (and h's amax where the
+  // recipe takes it from here: the rows are all of h's), a recompute leaves them as they are (bitwise the forward's h).
   Tensor<T> norm(Statistics statistics) const {
     const bool compute = statistics == Statistics::compute;
+    float* amax = compute && !sharding_.sequence() ? s_.quantizer.amax_target(fp8::Role::input, Pass::first) : nullptr;
     Tensor<T> h(Shape{s_.norm.rows, s_.padded.hidden}, device_);
     cuda::norm_forward(s_.norm,
                        {.x = s_.x.data(),
@@ -64,7 +65,8 @@ template <class T, class P> class GpuSteps {
                         .y = h.data(),
                         .mean = compute && s_.norm.centered ? s_.mean.data() : nullptr,
                         .rstd = compute ? s_.rstd.data() : nullptr,
-                        .epsilon = s_.options.epsilon},
+                        .epsilon = s_.options.epsilon,
+                        .amax = amax},
                        device_.index);
     return h;
   }
@@ -92,19 +94,24 @@ template <class T, class P> class GpuSteps {
   }
 
   // a (padded, [M, F]): the epilogue's, or the activation kernel's, which writes a's codes itself where the recipe
-  // knows their scale and the codes are the one layout asked for.
+  // lets it (delayed scaling's known scale, block scaling's tiles along the rows) and the codes are the one layout
+  // asked for.
   Operand activation(const FirstProduct<T>& first, Layouts layouts, Pass pass) const {
     const auto [M, H, F, n] = s_.padded;
     if (first.a.defined()) return input(fp8::Role::activation, {first.a}, layouts, pass);
     if (!layouts.rows) {
       if (const auto target = s_.quantizer.target(fp8::Role::activation, M, F, layouts, pass)) {
-        const cuda::ActivationCodes codes{target->codes.codes->data(), target->scale, target->amax};
-        cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), nullptr, M, F, &codes);
+        const auto& scales = target->codes.scales;
+        const cuda::ActivationCodes codes{target->codes.codes->data(), target->scale,
+                                          scales ? static_cast<float*>(scales->data()) : nullptr};
+        cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), nullptr, M, F, &codes,
+                                     target->amax);
         return target->codes;
       }
     }
     Tensor<T> a(Shape{M, F}, device_);
-    cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), a.data(), M, F);
+    cuda::mlp_activation_forward(dtype_v<T>, device_.index, form_, first.z.data(), a.data(), M, F, nullptr,
+                                 s_.quantizer.amax_target(fp8::Role::activation, pass));
     return input(fp8::Role::activation, {a}, layouts, pass);
   }
 

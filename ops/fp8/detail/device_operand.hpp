@@ -5,11 +5,13 @@
 //
 // A step's scales live on the device, per role: delayed scaling's come from its state, which stays on the device
 // between steps (ops/fp8/detail/state_on_device.hpp: the step's amaxes merge there, a kernel ends the step there);
-// current scaling makes each from the tensor's amax there. Nothing waits for the device, so a CUDA graph can capture
-// a step. Delayed scaling knows each scale before the tensor exists, so a kernel that makes a tensor can write its
-// codes itself (DeviceRecipe::target). With an amax group (ops/fp8/amax_group.hpp) the amaxes are the group's,
-// reduced on the device over NCCL: delayed scaling's at the end of each pass (the step's amaxes so far, one
-// collective), current scaling's for a sharded role before its scale is made, by a kernel over the gathered amaxes.
+// current scaling makes each from the tensor's amax there, in the quantizing kernel itself, the amax merged by the
+// kernel that made the tensor where it can be (DeviceRecipe::amax_target), else by a pass of its own. Nothing waits
+// for the device, so a CUDA graph can capture a step. Delayed scaling knows each scale before the tensor exists, so a
+// kernel that makes a tensor can write its codes itself (DeviceRecipe::target), as can one that makes whole rows of
+// block scaling's tiles. With an amax group (ops/fp8/amax_group.hpp) the amaxes are the group's, reduced on the
+// device over NCCL: delayed scaling's at the end of each pass (the step's amaxes so far, one collective), current
+// scaling's for a sharded role before its scale is made, by a kernel over the gathered amaxes.
 // Hopper's FP8 kernels read both operands along the inner dimension, so a tensor that one product sums over its
 // columns and another over its rows is written twice by one pass: its codes and their transpose (TransformerEngine's
 // cast + transpose). Block scaling's tiles follow each product's inner dimension, so the two layouts have scales of
@@ -71,7 +73,8 @@ template <class T> struct DeviceOperand {
 };
 
 // Where the kernel that makes a tensor writes its codes itself: the codes, the scale to quantize by, and, on the
-// pass's first quantization of the role, the amax to merge |x| into (recorded as quantize records it; else null).
+// pass's first quantization of the role, the amax to merge |x| into (recorded as quantize records it; else null);
+// with block scaling (codes.scaling not tensor) the codes and their tiles' scales, which the kernel makes.
 struct Fp8Target {
   Fp8Codes codes;
   const float* scale = nullptr;
@@ -91,9 +94,14 @@ class DeviceRecipe {
   virtual Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
                             Layouts layouts, Pass pass) const = 0;
   // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the
-  // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads).
+  // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads): delayed
+  // scaling's, and block scaling's for one layout of whole tiles along the rows, whose scales the kernel makes.
   virtual std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
                                           Pass pass) const;
+  // Where the kernel that makes role's tensor (the pass's first of the role) merges its amax, so that quantize() needs
+  // no pass of its own to find it: current scaling's, for a role whose amax is this rank's alone; null elsewhere.
+  // Only for a tensor that quantize() then takes whole, in this pass.
+  virtual float* amax_target(fp8::Role role, Pass pass) const;
   // What the recipe's products need an operand's rows and inner size to be a multiple of.
   virtual std::int64_t granule() const { return cuda::fp8_row_alignment; }
   // After each pass (the forward; a backward), on every rank of the amax group together.
@@ -198,6 +206,9 @@ template <class T> class DeviceQuantizer {
                                   Pass pass) const {
     return recipe_ ? recipe_->target(role, rows, cols, layouts, pass) : std::nullopt;
   }
+
+  // Where the kernel that makes role's tensor merges its amax (DeviceRecipe::amax_target).
+  float* amax_target(fp8::Role role, Pass pass) const { return recipe_ ? recipe_->amax_target(role, pass) : nullptr; }
 
   // out [M, N] = a · op(w) (+ bias) + beta · out, rounded to T: a [M, K] read along its columns, the weight w [K, N]
   // (or [N, K] transposed). `forward`: a forward product (fp8's faster accumulation, where asked for).
