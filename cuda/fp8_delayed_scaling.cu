@@ -1,6 +1,6 @@
 // Delayed scaling's step on the device (fp8_delayed_scaling.hpp): one block ends a step, role by role, each role's
-// history maximum reduced by the block over the f32 bits of the amaxes (non-negative, so they order as the values
-// do): the same scales, bit for bit, as the host's ScalingState::update.
+// history maximum reduced by the block over the f32 bits of the amaxes (non-negative, and a zero +0: restore() makes
+// a -0 +0, so they order as the values do): the same scales, bit for bit, as the host's ScalingState::update.
 #include "tapegrad/cuda/fp8_delayed_scaling.hpp"
 
 #include <cmath>
@@ -33,7 +33,7 @@ __device__ unsigned int block_max(unsigned int m) {
   return result;
 }
 
-// Ends the open step; called by every thread of the one block, after all of them have read that a step is open.
+// Ends the step (ScalingState::update); called by every thread of the one block.
 __device__ void end_step(const DelayedScalingState& s) {
   __shared__ int refused_at;
   if (threadIdx.x == 0) {
@@ -68,7 +68,7 @@ __device__ void end_step(const DelayedScalingState& s) {
     }
     m = block_max(m);
     if (threadIdx.x == 0) {
-      s.scales[r] = fp8::delayed_scale(__uint_as_float(m), s.scales[r], s.max_values[r], s.margin);
+      s.scales[r] = fp8::delayed_scale_by(__uint_as_float(m), s.scales[r], s.max_values[r], s.margin_factor);
       if (s.ring_length > 0) s.ring[r * s.ring_length + slot] = newest;
       s.amaxes[r] = 0.0f;
     }
@@ -94,12 +94,8 @@ __global__ void __launch_bounds__(update_threads)
   if (threadIdx.x == 0) s.counters[step_open] = 1;
 }
 
-__global__ void __launch_bounds__(update_threads) end_step_kernel(DelayedScalingState s) {
-  __shared__ bool open;
-  if (threadIdx.x == 0) open = s.counters[step_open] != 0;
-  __syncthreads();
-  if (open) end_step(s);
-}
+// (whether or not a step is open: the host's update() counts a step without amaxes too)
+__global__ void __launch_bounds__(update_threads) end_step_kernel(DelayedScalingState s) { end_step(s); }
 
 __global__ void max_over_ranks_kernel(const float* gathered, int ranks, int n, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -24,16 +24,18 @@ struct DelayedScalingState {
   double* counters = nullptr;
   int roles = 0, ring_length = 0;
   bool most_recent = false;          // the scale from the newest amax alone, not the history's maximum
-  float margin = 0;                  // scales aim at 2^-margin × the format's largest value
+  float margin_factor = 1;           // 2^margin, made on the host (tensor/core/fp8.hpp's margin_factor)
   float max_values[max_roles] = {};  // per role, its format's largest value
 };
 
-// Starts a step: ends the open one first (as fp8_delayed_end_step), then writes each role's scale and its inverse
-// into step_scalars (role r's at r · fields + scale_field and + scale_inv_field) and opens the new step.
+// Starts a step: ends the open one first, if one is (as a forward ends a pending step on the host), then writes
+// each role's scale and its inverse into step_scalars (role r's at r · fields + scale_field and + scale_inv_field)
+// and opens the new step.
 void fp8_delayed_begin_step(const DelayedScalingState& state, float* step_scalars, int fields, int scale_inv_field,
                             int scale_field, int device);
-// Ends the open step, if one is: each role's scale from its history (this step's amax included) by
-// tensor/core/fp8.hpp's delayed_scale, the amax into the ring, the step counted; or the step refused, as above.
+// Ends the step, open or not, as ScalingState::update does on the host: each role's scale from its history (this
+// step's amax included) by tensor/core/fp8.hpp's delayed_scale_by, the amax into the ring, the step counted; or the
+// step refused, as above.
 void fp8_delayed_end_step(const DelayedScalingState& state, int device);
 // out[i] = the maximum of gathered[r · n + i] over r < ranks (a NaN wins): amaxes gathered from a group's ranks.
 void fp8_max_over_ranks(const float* gathered, int ranks, int n, float* out, int device);

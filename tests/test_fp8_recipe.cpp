@@ -1,6 +1,7 @@
 // FP8 recipes' arithmetic against hand-computed cases: the scales of delayed, current and block scaling (margin,
-// zero amax, tiny amax), delayed scaling's history (roll-over, max against most_recent, steps), a non-finite amax
-// refused with the step dropped, the formats each role takes, and block scaling's tiles of a gated tensor.
+// zero amax, tiny amax), delayed scaling's history (roll-over, max against most_recent, steps, a step without
+// amaxes, a restored -0), a non-finite amax refused with the step dropped, the formats each role takes, and block
+// scaling's tiles of a gated tensor.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@ TEST_CASE("scales map the amax onto the format's largest value") {
   CHECK(max_value<Format::e5m2>() == 57344.0f);
   CHECK(delayed_scale(2.0f, 1.0f, 448.0f, 0.0f) == 224.0f);
   CHECK(delayed_scale(2.0f, 1.0f, 448.0f, 1.0f) == 112.0f);   // margin 1: half of it
+  CHECK(delayed_scale_by(2.0f, 1.0f, 448.0f, margin_factor(1.0f)) == 112.0f);  // the factor made once, for a GPU
   CHECK(delayed_scale(0.0f, 5.0f, 448.0f, 0.0f) == 5.0f);     // zero amax: the previous scale
   CHECK(delayed_scale(1e-40f, 1.0f, 448.0f, 0.0f) == std::numeric_limits<float>::max());  // past f32: its largest
   CHECK(current_scale(0.0f, 57344.0f) == 1.0f);
@@ -110,6 +112,30 @@ TEST_CASE("most_recent takes the step's own amax; the margin halves per unit") {
   state.update();
   CHECK(state.scale(Role::grad_hidden) == 7.0f);  // e4m3 for gradients too: 448 / 16 / 4
   CHECK(state.scale(Role::activation) == 112.0f);  // a step without an amax for it keeps its scale (amax 0)
+}
+
+TEST_CASE("update() with nothing recorded counts a step and rolls a zero in") {
+  ScalingState state({.amax_history_len = 2});
+  state.record(Role::input, 4.0f);
+  state.update();
+  state.update();
+  CHECK(state.steps() == 2);
+  CHECK(state.amax_history(Role::input)[1] == 0.0f);
+  CHECK(state.scale(Role::input) == 112.0f);  // max(0, 4): the 4 still in the history
+  state.update();
+  CHECK(state.steps() == 3);
+  CHECK(state.scale(Role::input) == 112.0f);  // all zeros: kept
+}
+
+TEST_CASE("restore() takes an amax of -0 as +0") {
+  ScalingState state({.amax_history_len = 3});
+  ScalingState::Snapshot values = state.snapshot();
+  values.histories = std::vector<float>(values.histories.size(), -0.0f);
+  values.histories[2] = 4.0f;
+  state.restore(values);
+  for (float amax : state.snapshot().histories) CHECK_FALSE(std::signbit(amax));
+  state.update();
+  CHECK(state.scale(Role::input) == 112.0f);
 }
 
 TEST_CASE("a tensor of zeros keeps the scale") {

@@ -2,8 +2,9 @@
 // test_layernorm_mlp_fp8.cpp), on the same inputs in the same dtype: every activation × norm × biases × recompute
 // policy × recipe (delayed, delayed most_recent in e4m3 with a margin, current, block), x in f32 and bf16, f32
 // parameters under bf16 compute, sizes that need padding (H 24 and 13, ffn 40 and 37, 21 rows) and a block of several
-// tiles; delayed scaling's state after several steps; bitwise the same on a second run and under every policy; what
-// the GPU refuses.
+// tiles; delayed scaling's state after several steps, its state on the device against the host's call by call (no
+// GEMM), a captured first step refused; bitwise the same on a second run and under every policy; what the GPU
+// refuses.
 //
 // Both sides quantize with the same scales and round where the other does; they differ in the sums: the FP8 tensor
 // cores add their products with fewer bits than f32 between promotions (measured: the amaxes of a and dz, maxima of
@@ -19,14 +20,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "fp8_mlp_cases.hpp"
 #include "gpu_reference.hpp"
+#include "tapegrad/ops/fp8/detail/state_on_device.hpp"
 #include "tapegrad/tensor/gpu/graph.hpp"
 
 using namespace tapegrad;
@@ -239,6 +245,165 @@ TEST_CASE("a non-finite amax on the GPU: the device refuses the step, the state'
   reference();
   check_same_state(state, *reference.options.fp8->state);
   CHECK(test::bitwise_equal(s.y.to(host), reference.y.to(host)));
+}
+
+TEST_CASE("a state's first GPU step captured into a graph is refused by name, and the state is left as it was") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const Case c{.options = {.activation = Activation::gelu}};
+  DeviceStep warm = device_step(c, seed), fresh = device_step(c, seed);
+  warm();  // (the kernels and GEMM algorithms chosen: the capture below fails only at the state)
+  CHECK_THROWS_WITH_AS(cuda::Graph::capture(0, std::ref(fresh)),
+                       doctest::Contains("layernorm_mlp: fp8 delayed scaling's state goes to cuda:0 with its first "
+                                         "step there, which waits for the device and so cannot be captured"),
+                       Error);
+  Tape::active().clear();
+  fresh();
+  check_same_state(*fresh.options.fp8->state, *warm.options.fp8->state);
+  CHECK(test::bitwise_equal(fresh.y.to(host), warm.y.to(host)));
+}
+
+namespace {
+
+std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
+std::vector<std::uint32_t> bits(std::span<const float> values) {
+  std::vector<std::uint32_t> out;
+  for (float v : values) out.push_back(bits(v));
+  return out;
+}
+
+// Two states of one recipe driven by the same calls, one on the host and one taken to the GPU as a GPU step takes
+// it (no GEMM runs), compared bit for bit after each call.
+class TwinStates {
+ public:
+  explicit TwinStates(const fp8::DelayedScaling& recipe) : host_(recipe), device_(recipe) {
+    tapegrad::detail::delayed_state_on(device_, gpu);
+    kept_ = device_.amax_history(fp8::Role::input);
+  }
+
+  void record(fp8::Role role, float amax) {
+    host_.record(role, amax);
+    device_.record(role, amax);
+    compare();
+  }
+  void update() {
+    host_.update();
+    device_.update();
+    compare();
+  }
+  void restore(const fp8::ScalingState::Snapshot& values) {
+    host_.restore(values);
+    device_.restore(values);
+    compare();
+  }
+  // A step with a non-finite amax: the host refuses it at update(), the device at its next read.
+  void refused_update(const char* message) {
+    CHECK_THROWS_WITH_AS(host_.update(), doctest::Contains(message), Error);
+    device_.update();
+    CHECK_THROWS_WITH_AS(device_.steps(), doctest::Contains(message), Error);
+    compare();
+  }
+  // A forward's start: the host ends a pending step (ops/fp8/detail/operand.hpp), the device ends an open one and
+  // writes the step's scales. (Compared at the next record: the device's step is open from here, the host's from
+  // its first amax.)
+  void begin_step() {
+    if (host_.pending()) host_.update();
+    constexpr int fields = 2, scale_inv_field = 0, scale_field = 1;
+    Tensor<float> scalars(Shape{fp8::role_count, fields}, gpu);
+    tapegrad::detail::delayed_state_on(device_, gpu).begin_step(scalars.data(), fields, scale_inv_field, scale_field);
+    const Tensor<float> got = scalars.to(host);
+    for (fp8::Role role : fp8::roles) {
+      CAPTURE(fp8::role_name(role));
+      const std::int64_t r = static_cast<std::int64_t>(role) * fields;
+      CHECK(bits(got.flat(r + scale_field)) == bits(host_.scale(role)));
+      CHECK(bits(got.flat(r + scale_inv_field)) == bits(1.0f / host_.scale(role)));
+    }
+  }
+
+  fp8::ScalingState::Snapshot snapshot() const { return host_.snapshot(); }
+
+ private:
+  void compare() const {
+    const fp8::ScalingState::Snapshot want = host_.snapshot(), got = device_.snapshot();
+    CHECK(got.steps == want.steps);
+    CHECK(got.pending == want.pending);
+    CHECK(bits(got.histories) == bits(want.histories));
+    CHECK(bits(got.scales) == bits(want.scales));
+    // A read copies the device's values into the same host memory: a span taken before stays valid.
+    CHECK(device_.amax_history(fp8::Role::input).data() == kept_.data());
+    CHECK(bits(kept_) == bits(std::span(got.histories).first(kept_.size())));
+  }
+
+  fp8::ScalingState host_, device_;
+  std::span<const float> kept_;
+};
+
+// `steps` steps of shrinking amaxes (a history's maximum then comes from an older entry), a growing one, zeros, a
+// second smaller record in a step, a role recorded every other step and one never.
+void drive(TwinStates& t, int steps) {
+  for (int k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    t.record(fp8::Role::input, std::ldexp(3.0f, -k));
+    t.record(fp8::Role::kernel1, 0.7f + 0.1f * static_cast<float>(k));
+    t.record(fp8::Role::activation, k % 3 == 2 ? 0.0f : 5.0f / static_cast<float>(k + 1));
+    t.record(fp8::Role::grad_output, 1000.0f / static_cast<float>(k * k + 1));
+    t.record(fp8::Role::grad_output, 10.0f);
+    if (k % 2 == 0) t.record(fp8::Role::grad_hidden, 0.3f * static_cast<float>(k + 1));
+    t.update();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("delayed scaling's state on the GPU follows the host's bit for bit, call by call") {
+  using fp8::AmaxCompute, fp8::Formats;
+  const fp8::DelayedScaling recipes[] = {
+      {.margin = 0, .format = Formats::hybrid, .amax_history_len = 3},
+      {.margin = 1, .format = Formats::hybrid, .amax_history_len = 3, .amax_compute = AmaxCompute::most_recent},
+      {.margin = 0.5, .format = Formats::e4m3, .amax_history_len = 1},
+      {.margin = 0.5, .format = Formats::hybrid, .amax_history_len = 4},
+  };
+  for (const fp8::DelayedScaling& recipe : recipes) {
+    const std::string name = fp8::describe(recipe);
+    CAPTURE(name);
+    TwinStates t(recipe);
+    drive(t, 6);
+    // update() with nothing recorded, twice: each counts a step, zeros entering the histories.
+    t.update();
+    t.update();
+    // A forward's start ends a step only where one is open.
+    t.begin_step();
+    t.record(fp8::Role::input, 0.25f);
+    t.begin_step();
+    t.record(fp8::Role::input, 6.0f);
+    t.update();
+    // A restored -0 is +0 on both (the device orders amaxes by their bits, where -0 passes every positive one).
+    fp8::ScalingState::Snapshot values = t.snapshot();
+    for (float& amax : values.histories) amax = amax == 0.0f ? -0.0f : amax;
+    t.restore(values);
+    drive(t, 3);
+    // A refused step drops its amaxes on both.
+    t.record(fp8::Role::input, 2.0f);
+    t.record(fp8::Role::grad_output, std::numeric_limits<float>::infinity());
+    t.refused_update("the amax of dy at step 13 is inf");
+    drive(t, 2);
+  }
+}
+
+TEST_CASE("a step the GPU refused is still reported after a restore() that no read preceded") {
+  fp8::ScalingState state({.amax_history_len = 3});
+  tapegrad::detail::delayed_state_on(state, gpu);
+  state.record(fp8::Role::input, 2.0f);
+  state.update();
+  const fp8::ScalingState::Snapshot saved = state.snapshot();
+  state.record(fp8::Role::input, std::numeric_limits<float>::quiet_NaN());
+  state.update();  // queued: the device refuses the step
+  state.restore(saved);
+  CHECK_THROWS_WITH_AS(state.steps(), doctest::Contains("the amax of h at step 1 is nan"), Error);
+  const fp8::ScalingState::Snapshot after = state.snapshot();  // the restored values; reported once
+  CHECK(bits(after.histories) == bits(saved.histories));
+  CHECK(bits(after.scales) == bits(saved.scales));
+  CHECK(after.steps == 1);
 }
 
 TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second run and under every policy") {

@@ -86,7 +86,7 @@ Error refusal(Role role, std::int64_t step, float amax) {
 void ScalingState::download() const {
   if (!device_) return;
   auto [values, refused] = device_->download();
-  histories_ = std::move(values.histories);
+  std::ranges::copy(values.histories, histories_.begin());  // in place: amax_history's spans stay valid
   scales_ = values.scales;
   steps_ = values.steps;
   pending_ = values.pending;
@@ -155,7 +155,9 @@ void ScalingState::restore(const Snapshot& snapshot) {
   }
   for (float scale : snapshot.scales) check(std::isfinite(scale) && scale > 0.0f, op, "a scale is ", scale);
   check(snapshot.steps >= 0, op, "steps must be >= 0, got ", snapshot.steps);
-  histories_ = snapshot.histories;
+  // A -0 as +0: the device orders amaxes by their bits, where -0 would pass every positive amax.
+  std::ranges::transform(snapshot.histories, histories_.begin(),
+                         [](float amax) { return amax == 0.0f ? 0.0f : amax; });
   scales_ = snapshot.scales;
   steps_ = snapshot.steps;
   pending_ = snapshot.pending;
@@ -168,6 +170,7 @@ void ScalingState::update() {
     return;
   }
   const int length = recipe_.amax_history_len;
+  const float factor = margin_factor(static_cast<float>(recipe_.margin));  // (the device's too)
   for (Role role : roles) {
     const float newest = history(role, 0);
     if (!std::isfinite(newest)) {
@@ -180,7 +183,7 @@ void ScalingState::update() {
     const std::span<const float> h = amax_history(role);
     const float amax = recipe_.amax_compute == AmaxCompute::max ? *std::max_element(h.begin(), h.end()) : h[0];
     float& scale = scales_[index(role)];
-    scale = delayed_scale(amax, scale, max_value(format_of(recipe_.format, role)), static_cast<float>(recipe_.margin));
+    scale = delayed_scale_by(amax, scale, max_value(format_of(recipe_.format, role)), factor);
     for (int slot = length - 1; slot > 0; --slot) history(role, slot) = history(role, slot - 1);
     history(role, 0) = 0.0f;
   }

@@ -82,23 +82,26 @@ class ScalingState {
   const DelayedScaling& recipe() const { return recipe_; }
   std::int64_t steps() const;
   float scale(Role role) const;
-  // Role's amax history, newest first: entry 0 is the step in progress (0 until something is recorded).
+  // Role's amax history, newest first: entry 0 is the step in progress (0 until something is recorded). The span
+  // lives as long as the state; while the state is on a GPU it shows the values of the last read on the host.
   std::span<const float> amax_history(Role role) const;
   // Whether a step is in progress: something recorded on the host, or a GPU step begun.
   bool pending() const;
 
   // Records one quantized tensor's amax for the step in progress (the maximum with what the step has recorded).
   void record(Role role, float amax);
-  // Ends the step: each role's scale is made from its history (the step's amax included), then the history rolls
-  // by one and the new entry 0 is zero; steps() counts it. A step with a NaN or infinite amax is refused: the step's
-  // amaxes are dropped (histories and scales stay as they were) and an Error names the role and the step. On the
-  // host it is thrown here; on a GPU the device refuses the step and the state's next read on the host throws it.
+  // Ends the step, whether or not anything was recorded: each role's scale is made from its history (the step's
+  // amax included), then the history rolls by one and the new entry 0 is zero; steps() counts it. A step with a NaN
+  // or infinite amax is refused: the step's amaxes are dropped (histories and scales stay as they were) and an
+  // Error names the role and the step. On the host it is thrown here; on a GPU the device refuses the step and the
+  // state's next read on the host throws it.
   void update();
 
   // The whole state, for checkpoints: every role's history as amax_history gives it (a step in progress's amaxes in
   // entry 0), the scales, the steps done and whether a step is in progress. restore() puts a snapshot back into a
-  // state of the same history length (the next update() then does what it would have done); it throws naming the
-  // field that does not fit, and changes nothing then.
+  // state of the same history length (the next update() then does what it would have done; an amax of -0 becomes
+  // +0); it throws naming the field that does not fit, and changes nothing then. A step the GPU refused and no read
+  // has reported yet is still thrown by the next read.
   struct Snapshot {
     std::vector<float> histories;  // [role_count · amax_history_len], role by role
     std::array<float, role_count> scales{};
@@ -140,11 +143,11 @@ class StateOnDevice {
  public:
   virtual ~StateOnDevice() = default;
   virtual Device device() const = 0;
-  // Ends the open step on the device, queued (ScalingState::update on the GPU).
+  // Ends the step on the device, open or not, queued (ScalingState::update on the GPU).
   virtual void end_step() = 0;
   // The values, waiting for the device, and the first step it refused since the last call, if any.
   virtual std::pair<ScalingState::Snapshot, std::optional<RefusedStep>> download() = 0;
-  // Replaces the values, in the same device memory.
+  // Replaces the values, in the same device memory; a refused step not yet reported stays to be reported.
   virtual void upload(const ScalingState::Snapshot& values) = 0;
 };
 

@@ -2,13 +2,15 @@
 
 #include <memory>
 
+#include "tapegrad/tensor/core/detail/op_scope.hpp"
 #include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/graph.hpp"
 #include "tapegrad/tensor/storage.hpp"
 
 namespace tapegrad::detail {
 
 namespace {
-// The host tensor's values into the device tensor of the same size, in place.
+// The host tensor's values into the first elements of the device tensor, in place.
 template <class T> void copy_into(Tensor<T>& device, const Tensor<T>& host) {
   const auto bytes = static_cast<std::size_t>(host.numel()) * sizeof(T);
   copy_bytes(device.data(), device.device(), host.data(), Device::cpu(), bytes);
@@ -29,7 +31,7 @@ DelayedStateOnDevice::DelayedStateOnDevice(const fp8::DelayedScaling& recipe, co
       amaxes_(Shape{fp8::role_count}, device),
       ring_(Shape{fp8::role_count, ring_length_}, device),
       scales_(Shape{fp8::role_count}, device),
-      counters_(Shape{cuda::counter_count}, device) {
+      counters_(zeros<double>({cuda::counter_count}).to(device)) {
   upload(values);
 }
 
@@ -37,7 +39,10 @@ void DelayedStateOnDevice::upload(const fp8::ScalingState::Snapshot& values) {
   const std::int64_t length = recipe_.amax_history_len;
   Tensor<float> amaxes = zeros<float>({fp8::role_count}), ring = zeros<float>({fp8::role_count, ring_length_}),
                 scales = zeros<float>({fp8::role_count});
-  Tensor<double> counters = zeros<double>({cuda::counter_count});
+  // (the steps and whether one is open; the refusal's counters are kept, so that a refused step not yet reported
+  // is still thrown by the state's next read)
+  static_assert(cuda::steps_done == 0 && cuda::step_open == 1);
+  Tensor<double> counters = zeros<double>({2});
   for (std::int64_t r = 0; r < fp8::role_count; ++r) {
     const float* history = values.histories.data() + r * length;  // newest first
     amaxes.flat(r) = history[0];
@@ -60,7 +65,7 @@ cuda::DelayedScalingState DelayedStateOnDevice::buffers() {
                               .roles = fp8::role_count,
                               .ring_length = static_cast<int>(ring_length_),
                               .most_recent = recipe_.amax_compute == fp8::AmaxCompute::most_recent,
-                              .margin = static_cast<float>(recipe_.margin)};
+                              .margin_factor = fp8::margin_factor(static_cast<float>(recipe_.margin))};
   for (fp8::Role role : fp8::roles) {
     s.max_values[static_cast<int>(role)] = fp8::max_value(fp8::format_of(recipe_.format, role));
   }
@@ -108,6 +113,10 @@ std::pair<fp8::ScalingState::Snapshot, std::optional<fp8::RefusedStep>> DelayedS
 
 DelayedStateOnDevice& delayed_state_on(fp8::ScalingState& state, Device device) {
   return static_cast<DelayedStateOnDevice&>(state.on_device(device, [&](const fp8::ScalingState::Snapshot& values) {
+    // Copying the values there waits for the device, which a stream being captured cannot do.
+    check(!cuda::capturing(device.index), current_op("fp8 delayed scaling"),
+          "fp8 delayed scaling's state goes to ", device, " with its first step there, which waits for the device "
+          "and so cannot be captured into a CUDA graph: run one step uncaptured first");
     return std::make_unique<DelayedStateOnDevice>(state.recipe(), values, device);
   }));
 }

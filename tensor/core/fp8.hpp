@@ -44,17 +44,28 @@ TAPEGRAD_HOST_DEVICE constexpr float max_value(Format f) {
 // Scales: a tensor x is stored as fp8(x · scale) and read back as fp8 · (1 / scale). Each maps the amax (max |x|)
 // the scaling looks at onto the format's largest value, in f32, as TransformerEngine computes them.
 
-// Delayed scaling: max / amax / 2^margin; an amax of 0 keeps the previous scale, and a scale past f32's range is
-// f32's largest (the caller refuses a non-finite amax).
-TAPEGRAD_HOST_DEVICE inline float delayed_scale(float amax, float previous, float max, float margin) {
+// Delayed scaling: max / amax / factor, the factor being 2^margin (margin_factor below); an amax of 0 keeps the
+// previous scale, and a scale past f32's range is f32's largest (the caller refuses a non-finite amax).
+TAPEGRAD_HOST_DEVICE inline float delayed_scale_by(float amax, float previous, float max, float factor) {
   constexpr float f32_max = 3.40282346638528859812e+38f;
   if (!(amax > 0.0f)) return previous;
-  const float scale = max / amax / std::exp2(margin);
+  const float scale = max / amax / factor;
   return scale <= f32_max ? scale : f32_max;
 }
 
+// 2^margin, on the host only: the device's exp2 may differ by an ulp where the margin is not an integer, so a
+// kernel is given the host's factor and both divide by the same float.
+inline float margin_factor(float margin) { return std::exp2(margin); }
+
+// The same from the margin itself, on the host.
+inline float delayed_scale(float amax, float previous, float max, float margin) {
+  return delayed_scale_by(amax, previous, max, margin_factor(margin));
+}
+
 // Current scaling: max / amax of the tensor itself; 1 for a tensor of zeros.
-TAPEGRAD_HOST_DEVICE inline float current_scale(float amax, float max) { return delayed_scale(amax, 1.0f, max, 0.0f); }
+TAPEGRAD_HOST_DEVICE inline float current_scale(float amax, float max) {
+  return delayed_scale_by(amax, 1.0f, max, 1.0f);
+}
 
 // Block scaling's tiles: 1 × block_tile of activations and gradients along a product's inner dimension, block_tile ×
 // block_tile of weights (DeepSeek-V3's, and the only sizes Hopper's block-scaled GEMMs take).

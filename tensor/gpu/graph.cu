@@ -56,4 +56,10 @@ void Graph::replay() const {
 
 int Graph::device() const { return state_->device; }
 
+bool capturing(int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TAPEGRAD_CUDA_CHECK(cudaStreamIsCapturing(current_stream(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace tapegrad::cuda

@@ -34,4 +34,8 @@ class Graph {
   std::shared_ptr<State> state_;
 };
 
+// Whether the device's current stream is being captured (by Graph::capture or by CUDA's own calls): work that waits
+// for the device cannot run there then.
+bool capturing(int device);
+
 }  // namespace tapegrad::cuda
