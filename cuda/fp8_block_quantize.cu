@@ -23,7 +23,8 @@ constexpr fp8::Format e4m3 = fp8::Format::e4m3;
 
 struct Layout {
   const void* x;
-  std::int64_t rows, cols;
+  std::int64_t rows, x_cols;  // x's (zeros past them)
+  std::int64_t cols;          // the codes' (and the transpose's rows)
   std::int64_t padded_rows;  // of the transpose: transposed_ld
   std::int64_t tiled_rows;   // the rows the tiles cover: the codes' and the transpose's
   bool blocks;
@@ -35,7 +36,7 @@ struct Layout {
   std::int64_t transposed_ld;
   float* transposed_scales;
   std::int64_t transposed_scales_ld;
-  bool aligned, transposed_aligned;  // as in cuda/fp8_quantize.cu
+  bool x_aligned, codes_aligned, transposed_aligned;  // as in cuda/fp8_quantize.cu
 };
 
 constexpr int warps = threads / 32;
@@ -55,10 +56,9 @@ template <class S> __global__ void __launch_bounds__(threads, 2) block_quantize_
     const std::int64_t tile_row = t / tiles_across, tile_col = t % tiles_across;
     const std::int64_t r0 = tile_row * tile, c0 = tile_col * tile;
     Pack<S, run> v[runs_per_thread];  // (as stored: f32 values would take twice the registers of 16-bit ones)
-    bool whole[runs_per_thread];
 #pragma unroll
     for (int k = 0; k < runs_per_thread; ++k) {
-      whole[k] = load_pack_or_zeros(x, l.rows, l.cols, r0 + i_first + k * rows_per_step, c0 + j0, l.aligned, v[k]);
+      load_pack_or_zeros(x, l.rows, l.x_cols, r0 + i_first + k * rows_per_step, c0 + j0, l.x_aligned, v[k]);
     }
     // Rows: the 16 lanes of a half warp hold a row's runs. Columns: the two halves hold the same columns, the warps
     // their rows of them.
@@ -130,7 +130,10 @@ template <class S> __global__ void __launch_bounds__(threads, 2) block_quantize_
         q[j] = to_fp8<e4m3>(value * scale);
         block[i][j0 + j] = l.blocks ? q[j] : to_fp8<e4m3>(value * column_scale[j0 + j]);
       }
-      if (l.codes) store_run(l.codes, l.codes_rows, l.cols, r0 + i, c0 + j0, whole[k], q);
+      if (l.codes) {
+        const bool whole = l.codes_aligned && r0 + i < l.codes_rows && c0 + j0 + run <= l.cols;
+        store_run(l.codes, l.codes_rows, l.cols, r0 + i, c0 + j0, whole, q);
+      }
     }
     if (l.transposed) {  // (the same for every thread of the block)
       __syncthreads();
@@ -156,26 +159,30 @@ void fp8_block_quantize(const Fp8BlockQuantize& q, int device) {
         ") are shorter than x's ", q.rows, " rows");
   const std::int64_t codes_rows = q.codes_rows == 0 ? q.rows : q.codes_rows;
   check(codes_rows >= q.rows, op, "the codes' rows (", codes_rows, ") are fewer than x's ", q.rows);
+  const std::int64_t cols = q.codes_cols == 0 ? q.cols : q.codes_cols;
+  check(cols >= q.cols, op, "the codes' columns (", cols, ") are fewer than x's ", q.cols);
   const std::int64_t tiled_rows = std::max(q.codes ? codes_rows : 0, q.transposed ? transposed_ld : 0);
-  if (tiled_rows == 0 || q.cols == 0) return;
+  if (tiled_rows == 0 || cols == 0) return;
   const bool blocks = q.scaling == Fp8Scaling::blocks_128x128;
   const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
-  const std::int64_t tiles_across = (q.cols + tile - 1) / tile, tiles_down = (tiled_rows + tile - 1) / tile;
+  const std::int64_t tiles_across = (cols + tile - 1) / tile, tiles_down = (tiled_rows + tile - 1) / tile;
   const Layout layout{.x = q.x,
                       .rows = q.rows,
-                      .cols = q.cols,
+                      .x_cols = q.cols,
+                      .cols = cols,
                       .padded_rows = transposed_ld,
                       .tiled_rows = tiled_rows,
                       .blocks = blocks,
                       .codes = static_cast<std::uint8_t*>(q.codes),
                       .codes_rows = codes_rows,
                       .scales = q.scales,
-                      .scales_ld = fp8_scale_shape(q.scaling, codes_rows, q.cols).ld,
+                      .scales_ld = fp8_scale_shape(q.scaling, codes_rows, cols).ld,
                       .transposed = static_cast<std::uint8_t*>(q.transposed),
                       .transposed_ld = transposed_ld,
                       .transposed_scales = q.transposed_scales,
-                      .transposed_scales_ld = fp8_scale_shape(q.scaling, q.cols, transposed_ld).ld,
-                      .aligned = q.cols % run == 0 && at(q.x, 16) && at(q.codes, 8),
+                      .transposed_scales_ld = fp8_scale_shape(q.scaling, cols, transposed_ld).ld,
+                      .x_aligned = q.cols % run == 0 && at(q.x, 16),
+                      .codes_aligned = cols % run == 0 && at(q.codes, 8),
                       .transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8)};
   const Launch launch(device);
   dispatch_float(q.dtype, op, [&](auto tag) {

@@ -42,52 +42,65 @@ __global__ void amax_kernel(const S* x, std::int64_t n, std::int64_t head, unsig
   merge_amax(m, amax_bits);
 }
 
+// What quantize_kernel reads and writes: fp8_quantize's arguments, resolved. `x_aligned`: x_cols a multiple of run
+// and x at a 16-byte boundary (whole runs load at once); `codes_aligned`, `transposed_aligned`: likewise cols, or
+// transposed_ld, and the codes at 8-byte boundaries (whole runs store at once).
+template <class S> struct Job {
+  const S* x;
+  std::int64_t x_rows, x_cols;  // zeros past them
+  std::int64_t rows, cols;      // the codes'
+  const float* scale;
+  Fp8CurrentScale current;
+  std::uint8_t* codes;
+  std::uint8_t* transposed;
+  std::int64_t transposed_ld;
+  unsigned int* amax_bits;
+  bool x_aligned, codes_aligned, transposed_aligned;
+};
+
 // Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
-// are zero codes), else rows. `aligned`: cols a multiple of run and x, codes at 16- and 8-byte boundaries (whole
-// runs load and store at once); `transposed_aligned`: likewise transposed_ld and the transpose.
-// With current.amax, every block makes the scale from it and the first writes it out.
-template <class S, fp8::Format F>
-__global__ void __launch_bounds__(quantize_threads)
-    quantize_kernel(const S* x, std::int64_t rows, std::int64_t cols, const float* scale_ptr, Fp8CurrentScale current,
-                    std::uint8_t* codes, std::uint8_t* transposed, std::int64_t transposed_ld,
-                    unsigned int* amax_bits, bool aligned, bool transposed_aligned) {
+// are zero codes), else rows. With current.amax, every block makes the scale from it and the first writes it out.
+template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S> j) {
   __shared__ std::uint8_t block[tile][tile + 4];
   wait_for_prior_kernels();
-  const float scale = current.amax ? fp8::current_scale(*current.amax, fp8::max_value<F>()) : *scale_ptr;
-  if (current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
-    *current.scale = scale;
-    *current.scale_inv = 1.0f / scale;
+  const float scale = j.current.amax ? fp8::current_scale(*j.current.amax, fp8::max_value<F>()) : *j.scale;
+  if (j.current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
+    *j.current.scale = scale;
+    *j.current.scale_inv = 1.0f / scale;
   }
-  const std::int64_t padded_rows = transposed ? transposed_ld : rows;
-  const std::int64_t tiles_across = (cols + tile - 1) / tile, tiles = tiles_across * ((padded_rows + tile - 1) / tile);
+  const std::int64_t padded_rows = j.transposed ? j.transposed_ld : j.rows;
+  const std::int64_t tiles_across = (j.cols + tile - 1) / tile;
+  const std::int64_t tiles = tiles_across * ((padded_rows + tile - 1) / tile);
   unsigned int m = 0;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
     // The thread's runs, all loads first (in flight together), then their codes.
     float v[runs_per_thread][run];
-    bool whole[runs_per_thread];
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
-      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), j0 = k % (tile / run) * run;
-      whole[u] = load_run_or_zeros(x, rows, cols, r0 + i, c0 + j0, aligned, v[u]);
+      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
+      load_run_or_zeros(j.x, j.x_rows, j.x_cols, r0 + i, c0 + c, j.x_aligned, v[u]);
     }
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
-      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), j0 = k % (tile / run) * run;
+      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
       alignas(8) std::uint8_t q[run];
-      for (int j = 0; j < run; ++j) {
-        m = max(m, __float_as_uint(fabsf(v[u][j])));
-        q[j] = to_fp8<F>(v[u][j] * scale);
-        block[i][j0 + j] = q[j];
+      for (int e = 0; e < run; ++e) {
+        m = max(m, __float_as_uint(fabsf(v[u][e])));
+        q[e] = to_fp8<F>(v[u][e] * scale);
+        block[i][c + e] = q[e];
       }
-      if (codes) store_run(codes, rows, cols, r0 + i, c0 + j0, whole[u], q);
+      if (j.codes) {
+        const std::int64_t r = r0 + i;
+        store_run(j.codes, j.rows, j.cols, r, c0 + c, j.codes_aligned && r < j.rows && c0 + c + run <= j.cols, q);
+      }
     }
-    if (transposed == nullptr) continue;  // (the same for every thread of the block)
+    if (j.transposed == nullptr) continue;  // (the same for every thread of the block)
     __syncthreads();
-    store_transposed(block, r0, c0, cols, padded_rows, transposed, transposed_ld, transposed_aligned);
+    store_transposed(block, r0, c0, j.cols, padded_rows, j.transposed, j.transposed_ld, j.transposed_aligned);
     __syncthreads();  // the tile is read before the next one overwrites it
   }
-  if (amax_bits) merge_amax(m, amax_bits);  // (the same for every thread of the block)
+  if (j.amax_bits) merge_amax(m, j.amax_bits);  // (the same for every thread of the block)
 }
 
 fp8::Format format_of(DType format, const char* op) {
@@ -121,33 +134,41 @@ void fp8_amax(DType dtype, const void* x, std::int64_t n, float* amax, int devic
 
 void fp8_quantize(const Fp8Quantize& q, int device) {
   check(q.rows >= 0 && q.cols >= 0, "fp8_quantize", "negative size [", q.rows, ", ", q.cols, "]");
+  const std::int64_t rows = q.codes_rows == 0 ? q.rows : q.codes_rows, cols = q.codes_cols == 0 ? q.cols : q.codes_cols;
+  check(rows >= q.rows && cols >= q.cols, "fp8_quantize", "codes [", rows, ", ", cols, "] cannot hold x [", q.rows,
+        ", ", q.cols, "]");
   const fp8::Format f = format_of(q.format, "fp8_quantize");
-  const std::int64_t transposed_ld = q.transposed_ld == 0 ? q.rows : q.transposed_ld;
-  check(!q.transposed || transposed_ld >= q.rows, "fp8_quantize", "the transposed codes' rows (", transposed_ld,
-        ") are shorter than x's ", q.rows, " rows");
+  const std::int64_t transposed_ld = q.transposed_ld == 0 ? rows : q.transposed_ld;
+  check(!q.transposed || transposed_ld >= rows, "fp8_quantize", "the transposed codes' rows (", transposed_ld,
+        ") are shorter than the codes' ", rows, " rows");
   check(!q.current || (q.current->amax && q.current->scale && q.current->scale_inv), "fp8_quantize",
         "current scaling needs an amax to make the scale from, and where to write it and its inverse");
-  const Fp8CurrentScale current = q.current ? *q.current : Fp8CurrentScale{};
-  const std::int64_t padded_rows = q.transposed ? transposed_ld : q.rows;
-  if ((padded_rows == 0 || q.cols == 0) && !q.current) return;
+  const std::int64_t padded_rows = q.transposed ? transposed_ld : rows;
+  if ((padded_rows == 0 || cols == 0) && !q.current) return;
   const Launch launch(device);
   const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
-  const bool aligned = q.cols % run == 0 && at(q.x, 16) && at(q.codes, 8);
-  const bool transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8);
   dispatch_quantized(q.dtype, "fp8_quantize", [&](auto tag) {
     using S = decltype(tag);
-    const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((q.cols + tile - 1) / tile);
+    const Job<S> job{.x = static_cast<const S*>(q.x),
+                     .x_rows = q.rows,
+                     .x_cols = q.cols,
+                     .rows = rows,
+                     .cols = cols,
+                     .scale = q.scale,
+                     .current = q.current ? *q.current : Fp8CurrentScale{},
+                     .codes = static_cast<std::uint8_t*>(q.codes),
+                     .transposed = static_cast<std::uint8_t*>(q.transposed),
+                     .transposed_ld = transposed_ld,
+                     .amax_bits = reinterpret_cast<unsigned int*>(q.amax),
+                     .x_aligned = q.cols % run == 0 && at(q.x, 16),
+                     .codes_aligned = cols % run == 0 && at(q.codes, 8),
+                     .transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8)};
+    const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
     const int blocks = launch.blocks_for(tiles * quantize_threads, quantize_threads);
-    const auto launch_kernel = [&](auto kernel) {
-      launch_overlapped(launch, kernel, blocks, quantize_threads, 0, static_cast<const S*>(q.x), q.rows, q.cols,
-                        q.scale, current, static_cast<std::uint8_t*>(q.codes),
-                        static_cast<std::uint8_t*>(q.transposed), transposed_ld,
-                        reinterpret_cast<unsigned int*>(q.amax), aligned, transposed_aligned);
-    };
     if (f == fp8::Format::e4m3) {
-      launch_kernel(quantize_kernel<S, fp8::Format::e4m3>);
+      launch_overlapped(launch, quantize_kernel<S, fp8::Format::e4m3>, blocks, quantize_threads, 0, job);
     } else {
-      launch_kernel(quantize_kernel<S, fp8::Format::e5m2>);
+      launch_overlapped(launch, quantize_kernel<S, fp8::Format::e5m2>, blocks, quantize_threads, 0, job);
     }
   });
 }

@@ -26,19 +26,22 @@ struct Fp8CurrentScale {
 
 // x [rows, cols] row-major in f32, bf16 or f16, quantized to `format` (f8e4m3 or f8e5m2: round to nearest even,
 // saturating) with the scale at `scale` on the device, or current scaling's made from an amax: code = fp8(x · scale).
-// One pass writes what is asked for.
+// One pass writes what is asked for; `amax` and current scaling's amax are x's alone.
 struct Fp8Quantize {
   DType dtype = DType::f32;
   const void* x = nullptr;
   std::int64_t rows = 0, cols = 0;
+  // The codes' rows and columns where they are more than x's (a padded operand made without a padded copy of x): x
+  // fills their top left corner, zero codes the rest; 0: rows, cols.
+  std::int64_t codes_rows = 0, codes_cols = 0;
   DType format = DType::f8e4m3;
   const float* scale = nullptr;            // read unless `current` makes the scale
   const Fp8CurrentScale* current = nullptr;  // the scale made from current->amax (written out, even for no x)
-  void* codes = nullptr;  // [rows, cols]; null: none
-  // [cols, transposed_ld]: the codes transposed, zero in columns rows .. transposed_ld (a GEMM that sums over the
-  // rows reads them with its inner size padded to 16 bytes); null: none.
+  void* codes = nullptr;  // [codes_rows, codes_cols]; null: none
+  // [codes_cols, transposed_ld]: the codes transposed, zero in columns rows .. transposed_ld (a GEMM that sums over
+  // the rows reads them with its inner size padded to 16 bytes); null: none.
   void* transposed = nullptr;
-  std::int64_t transposed_ld = 0;  // 0: rows
+  std::int64_t transposed_ld = 0;  // 0: codes_rows
   float* amax = nullptr;  // *amax = max(*amax, max |x|) as fp8_amax computes it; null: none
 };
 void fp8_quantize(const Fp8Quantize& q, int device);

@@ -1,9 +1,10 @@
 // Block scaling on the GPU (ops/fp8/recipe.hpp's BlockScaling). Quantization (cuda/fp8_block_quantize.hpp): in 1×128
 // tiles (the codes, and their transpose in 128×1 tiles of x) and in 128×128 blocks, from f32, bf16 and f16 of odd
 // sizes, every code times its tile's scale bitwise the CPU's block_quantized, the scales laid out as cuBLASLt reads
-// them (padding included), a tile holding a NaN or an infinity read as NaN. Products through cuBLASLt's block-scaled
-// modes (cuda::gemm with Fp8Scaling) against the product of the same dequantized values in double, with the tolerances
-// of tests/fp8_sums.hpp; the combinations no kernel takes refused by name.
+// them (padding included), a tile holding a NaN or an infinity read as NaN, codes padded past x without a padded copy
+// of x bitwise those of the copy. Products through cuBLASLt's block-scaled modes (cuda::gemm with Fp8Scaling) against
+// the product of the same dequantized values in double, with the tolerances of tests/fp8_sums.hpp; the combinations no
+// kernel takes refused by name.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -57,8 +58,10 @@ struct Quantized {
   }
 };
 
-template <class T> Quantized quantize(const Tensor<T>& x, Fp8Scaling scaling) {
-  const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = (rows + 15) / 16 * 16;
+// x quantized as the top left corner of codes of `padded` rows and columns where given (zero codes elsewhere).
+template <class T> Quantized quantize(const Tensor<T>& x, Fp8Scaling scaling, const Shape& padded = {}) {
+  const std::int64_t rows = padded.rank() ? padded[0] : x.shape()[0], cols = padded.rank() ? padded[1] : x.shape()[1];
+  const std::int64_t ld = (rows + 15) / 16 * 16;
   const Tensor<T> x_gpu = x.to(gpu);
   Quantized q;
   q.rows = rows;
@@ -72,11 +75,12 @@ template <class T> Quantized quantize(const Tensor<T>& x, Fp8Scaling scaling) {
   q.transposed_scales_gpu = Tensor<float>(Shape{cuda::fp8_scale_shape(scaling, cols, ld).count()}, gpu);
   cuda::fp8_block_quantize({.dtype = dtype_v<T>,
                             .x = x_gpu.data(),
-                            .rows = rows,
-                            .cols = cols,
+                            .rows = x.shape()[0],
+                            .cols = x.shape()[1],
                             .scaling = scaling,
                             .codes = q.codes_gpu.data(),
                             .codes_rows = q.code_rows,
+                            .codes_cols = cols,
                             .scales = q.scales_gpu.data(),
                             .transposed = q.transposed_gpu.data(),
                             .transposed_ld = ld,
@@ -201,6 +205,20 @@ TEST_CASE("block scaling's quantization on the GPU gives the CPU's tiles, with t
   CHECK(std::isnan(q.transposed_value(100, 5)));  // the 128×1 tiles of columns 5 and 150
   CHECK(std::isnan(q.transposed_value(0, 150)));
   CHECK(!std::isnan(q.transposed_value(129, 5)));
+  // Into padded codes without a padded copy of x: the codes, transposes and scales of x padded with zeros.
+  const Tensor<float> corner = randn<float>({100, 200}, seed + 3);
+  Tensor<float> zero_padded = zeros<float>({128, 256});
+  for (std::int64_t r = 0; r < 100; ++r) {
+    for (std::int64_t c = 0; c < 200; ++c) zero_padded.flat(r * 256 + c) = corner.flat(r * 200 + c);
+  }
+  for (Fp8Scaling scaling : {Fp8Scaling::tiles_1x128, Fp8Scaling::blocks_128x128}) {
+    const Quantized direct = quantize(cast<bf16>(corner), scaling, {128, 256});
+    const Quantized copied = quantize(cast<bf16>(zero_padded), scaling);
+    CHECK(test::bitwise_equal(direct.codes, copied.codes));
+    CHECK(test::bitwise_equal(direct.transposed, copied.transposed));
+    CHECK(test::bitwise_equal(direct.scales, copied.scales));
+    CHECK(test::bitwise_equal(direct.transposed_scales, copied.transposed_scales));
+  }
   const Quantized blocks = quantize(x, Fp8Scaling::blocks_128x128);
   CHECK(std::isnan(blocks.value(127, 127)));
   CHECK(std::isnan(blocks.transposed_value(0, 199)));

@@ -93,13 +93,14 @@ template <class FA, class FB, class O> void check_product(std::int64_t M, std::i
       [&](std::int64_t, std::int64_t j) { return bias ? convert<double>(bias_values.flat(j)) : 0.0; }, fast);
 }
 
-// Quantizes x [rows, cols] on the GPU with current scaling to F and checks every result against the CPU's: the
-// amax (of fp8_amax, also from x's second element on, where its loads start off a 16-byte boundary, and of the
-// quantization's own pass), the scales (made by the quantization from fp8_amax's), the codes and their transpose (its
-// rows padded to a multiple of 16 with zero codes).
-template <class F, class T> void check_quantization(const Tensor<T>& x) {
-  INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape());
-  const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = (rows + 15) / 16 * 16;
+// Quantizes x [rows, cols] on the GPU with current scaling to F, into codes `padding` rows and columns larger, and
+// checks every result against the CPU's: the amax (of fp8_amax, also from x's second element on, where its loads
+// start off a 16-byte boundary, and of the quantization's own pass), the scales (made by the quantization from
+// fp8_amax's), the codes and their transpose (its rows padded to a multiple of 16), zero codes past x.
+template <class F, class T> void check_quantization(const Tensor<T>& x, std::int64_t padding = 0) {
+  INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape(), ", padded by ", padding);
+  const std::int64_t x_rows = x.shape()[0], x_cols = x.shape()[1];
+  const std::int64_t rows = x_rows + padding, cols = x_cols + padding, ld = (rows + 15) / 16 * 16;
   const float amax = detail::amax_of(x);
   float amax_past_first = 0.0f;
   for (std::int64_t i = 1; i < x.numel(); ++i) {
@@ -114,8 +115,10 @@ template <class F, class T> void check_quantization(const Tensor<T>& x) {
   const cuda::Fp8CurrentScale current{amax_gpu.data(), scales_gpu.data(), scales_gpu.data() + 1};
   cuda::fp8_quantize({.dtype = dtype_v<T>,
                       .x = x_gpu.data(),
-                      .rows = rows,
-                      .cols = cols,
+                      .rows = x_rows,
+                      .cols = x_cols,
+                      .codes_rows = rows,
+                      .codes_cols = cols,
                       .format = dtype_v<F>,
                       .current = &current,
                       .codes = codes_gpu.data(),
@@ -134,7 +137,8 @@ template <class F, class T> void check_quantization(const Tensor<T>& x) {
   std::int64_t bad = 0, bad_transposed = 0, bad_padding = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      const float scaled = convert<float>(x.flat(r * cols + c)) * scale;
+      const bool in_x = r < x_rows && c < x_cols;
+      const float scaled = in_x ? convert<float>(x.flat(r * x_cols + c)) * scale : 0.0f;
       const std::uint8_t want = fp8::from_double<F::format>(static_cast<double>(scaled));
       bad += codes.flat(r * cols + c).bits != want;
       bad_transposed += transposed.flat(c * ld + r).bits != want;
@@ -166,6 +170,9 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
       check_quantization<f8e4m3>(cast<bf16>(t));
       check_quantization<f8e5m2>(cast<f16>(t));
     }
+    // Into padded codes (a weight's, made without a padded copy): whole runs of x become partial ones of the codes.
+    check_quantization<f8e4m3>(cast<bf16>(x), 3);
+    check_quantization<f8e4m3>(x, 16);
   }
   // Long runs (the amax's packs, and a grid that strides), every start off a 16-byte boundary.
   for (const std::int64_t n : {std::int64_t{1} << 22, std::int64_t{100003}}) {

@@ -26,14 +26,15 @@ std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multi
 // Delayed and current scaling: one scale per role, its scale_inv, scale and amax in a row of the step's scalars.
 class PerTensorScaling : public DeviceRecipe {
  public:
-  Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
-                    Pass pass) const override {
-    const Fp8Codes out = codes_for(role, rows, cols, layouts);
-    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, dtype, x, rows * cols, pass);
-    cuda::fp8_quantize({.dtype = dtype,
-                        .x = x,
-                        .rows = rows,
-                        .cols = cols,
+  Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const override {
+    const Fp8Codes out = codes_for(role, x.padded_rows, x.padded_cols, layouts);
+    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, x.dtype, x.x, x.rows * x.cols, pass);
+    cuda::fp8_quantize({.dtype = x.dtype,
+                        .x = x.x,
+                        .rows = x.rows,
+                        .cols = x.cols,
+                        .codes_rows = x.padded_rows,
+                        .codes_cols = x.padded_cols,
                         .format = out.format,
                         .scale = slot(role, scale_field),
                         .current = current ? &*current : nullptr,
@@ -183,16 +184,16 @@ class BlockScaling final : public DeviceRecipe {
   // Its tiles need no amax reduction (ops/fp8/amax_group.hpp).
   BlockScaling(std::string_view op, const Fp8Quantization& q, Device device) : DeviceRecipe(op, q, device, {}) {}
 
-  Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols, Layouts layouts,
-                    Pass) const override {
-    const Fp8Codes out = codes_for(role, rows, cols, layouts);
-    cuda::fp8_block_quantize({.dtype = dtype,
-                              .x = x,
-                              .rows = rows,
-                              .cols = cols,
+  Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass) const override {
+    const Fp8Codes out = codes_for(role, x.padded_rows, x.padded_cols, layouts);
+    cuda::fp8_block_quantize({.dtype = x.dtype,
+                              .x = x.x,
+                              .rows = x.rows,
+                              .cols = x.cols,
                               .scaling = out.scaling,
                               .codes = data(out.codes),
                               .codes_rows = out.code_rows,
+                              .codes_cols = x.padded_cols,
                               .scales = floats(out.scales),
                               .transposed = data(out.transposed),
                               .transposed_ld = out.transposed_ld,

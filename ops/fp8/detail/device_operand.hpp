@@ -81,6 +81,14 @@ struct Fp8Target {
   float* amax = nullptr;
 };
 
+// What a recipe quantizes: x [rows, cols] row-major (f32, bf16 or f16 on the device) as the top left corner of codes
+// [padded_rows, padded_cols], zero codes elsewhere (a padded operand without a padded copy of x).
+struct QuantizeSource {
+  DType dtype = DType::f32;
+  const void* x = nullptr;
+  std::int64_t rows = 0, cols = 0, padded_rows = 0, padded_cols = 0;
+};
+
 // How a recipe quantizes on the GPU (ops/fp8/recipe.hpp describes the recipes; device_operand.cpp has one policy each).
 class DeviceRecipe {
  public:
@@ -88,11 +96,10 @@ class DeviceRecipe {
   const Fp8Quantization& quantization() const { return q_; }
   Device device() const { return device_; }
 
-  // x [rows, cols] (f32, bf16 or f16 on the device) quantized for `role`, in the layouts asked for (codes for
-  // `columns`, the transpose for `rows`). A pass's first quantization of a tensor makes the role's scale from its amax
-  // (current scaling) or records its amax (delayed); a later one (the backward's, a recompute's) uses the step's scale.
-  virtual Fp8Codes quantize(fp8::Role role, DType dtype, const void* x, std::int64_t rows, std::int64_t cols,
-                            Layouts layouts, Pass pass) const = 0;
+  // x quantized for `role`, in the layouts asked for (codes for `columns`, the transpose for `rows`). A pass's first
+  // quantization of a tensor makes the role's scale from its amax (current scaling) or records its amax (delayed); a
+  // later one (the backward's, a recompute's) uses the step's scale.
+  virtual Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const = 0;
   // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the
   // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads): delayed
   // scaling's, and block scaling's for one layout of whole tiles along the rows, whose scales the kernel makes.
@@ -184,9 +191,16 @@ template <class T> class DeviceQuantizer {
     if (!recipe_) return pads.add(cast<T>(w).reshape(shape), padded);
     const auto quantize = [&] {
       using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
-      const Tensor<Q> wp = resized(cast<Q>(w).reshape(shape), padded);
-      const std::int64_t rows = padded.dim(0), cols = padded.numel() / rows;
-      return recipe_->quantize(role, dtype_v<Q>, wp.data(), rows, cols, {.columns = true, .rows = true}, Pass::first);
+      const Layouts both{.columns = true, .rows = true};
+      const Tensor<Q> wq = cast<Q>(w);
+      const std::int64_t rows = shape.dim(0), padded_rows = padded.dim(0), last = shape.dim(shape.rank() - 1);
+      const std::int64_t cols = shape.numel() / rows, padded_cols = padded.numel() / padded_rows;
+      // A row of one part is padded at its end, by the quantization itself; a gated W1's two parts each, by a copy.
+      if (cols == last) return recipe_->quantize(role, {dtype_v<Q>, wq.data(), rows, cols, padded_rows, padded_cols},
+                                                 both, Pass::first);
+      const Tensor<Q> wp = resized(wq.reshape(shape), padded);
+      return recipe_->quantize(role, {dtype_v<Q>, wp.data(), padded_rows, padded_cols, padded_rows, padded_cols}, both,
+                               Pass::first);
     };
     const auto& cache = recipe_->quantization().weight_cache;
     return cache ? cache->copy<Fp8Codes>(role, w, padded, quantize) : quantize();
@@ -197,7 +211,7 @@ template <class T> class DeviceQuantizer {
   DeviceOperand<T> input(fp8::Role role, DeviceOperand<T> x, Layouts layouts, Pass pass) const {
     if (!recipe_ || x.quantized()) return x;
     const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
-    return recipe_->quantize(role, dtype_v<T>, x.values.data(), rows, cols, layouts, pass);
+    return recipe_->quantize(role, {dtype_v<T>, x.values.data(), rows, cols, rows, cols}, layouts, pass);
   }
 
   // Where the kernel that makes role's tensor writes its codes itself, where the recipe can say so before the tensor
