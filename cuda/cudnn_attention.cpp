@@ -2,6 +2,7 @@
 // compiled plan per problem, and the memory each plan reads bound to its uids.
 #include "tapegrad/cuda/cudnn_attention.hpp"
 
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -115,7 +116,8 @@ const Entry& entry(const Key& key) {
       const OnDevice on(key.device);
       cudnn::Graph graph = key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key);
       at->second.plan = std::make_unique<cudnn::Plan>(std::move(graph), cudnn::handle(key.device),
-                                                      attention_autotune() ? autotune_candidates : 1);
+                                                      attention_autotune() ? autotune_candidates : 1,
+                                                      key.deterministic);
     } catch (const cudnn::Refused& refused) {
       at->second.refusal = refused.what;
     } catch (...) {
@@ -162,13 +164,16 @@ std::vector<CopyAxis> group_axes(const Problem& p, bool gather) {
   return axes;
 }
 
+std::atomic<std::int64_t> candidates_timed{0};  // (cudnn_attention_candidates_timed)
+
 // Runs a plan on the device's current stream. The handle is shared by the threads: its stream is set and used
-// under a lock.
+// under a lock, and so is the plan, whose first call may keep one of its candidates (and that one's workspace).
 void run(const cudnn::Plan& plan, int device, const std::vector<cudnn::Binding>& bindings) {
   const OnDevice on(device);
-  const Scratch workspace(static_cast<std::size_t>(plan.workspace_bytes()), device);
   static std::mutex mutex;
   const std::lock_guard lock(mutex);
+  const Scratch workspace(static_cast<std::size_t>(plan.workspace_bytes()), device);
+  if (plan.candidates() > 1) candidates_timed += static_cast<std::int64_t>(plan.candidates());
   const cudnnHandle_t handle = cudnn::handle(device);
   const cudaStream_t stream = current_stream(device);
   if (const cudnnStatus_t status = cudnn::api()->set_stream(handle, stream); status != CUDNN_STATUS_SUCCESS) {
@@ -240,6 +245,8 @@ class Inputs {
 };
 
 }  // namespace
+
+std::int64_t cudnn_attention_candidates_timed() { return candidates_timed.load(); }
 
 std::string cudnn_attention_refusal(DType dtype, const Problem& p, bool backward, int device) {
   std::string refusal;

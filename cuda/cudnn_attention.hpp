@@ -7,6 +7,7 @@
 // problem cuDNN refuses is remembered as refused. Plain C++, as cuda/attention.hpp, whose launchers call these first.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "tapegrad/cuda/attention_problem.hpp"
@@ -25,5 +26,9 @@ bool cudnn_attention_forward(DType dtype, const attention::Problem& p, const voi
 bool cudnn_attention_backward(DType dtype, const attention::Problem& p, const void* q, const void* k, const void* v,
                               const void* o, const void* log_sums, const void* dout, void* delta, void* dq, void* dk,
                               void* dv, int device);
+
+// How many compiled plans the first calls of problems have run to choose among (set_attention_autotune), in this
+// process: for tests.
+std::int64_t cudnn_attention_candidates_timed();
 
 }  // namespace tapegrad::cuda

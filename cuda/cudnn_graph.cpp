@@ -2,6 +2,7 @@
 #include "tapegrad/cuda/cudnn_graph.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/gpu/detail/timing_event.hpp"
@@ -18,6 +19,43 @@ void require(cudnnStatus_t status, const char* step) {
 // values), ignored where a later version no longer knows them.
 constexpr auto operation_graph_handle = static_cast<cudnnBackendAttributeName_t>(800);
 constexpr auto plan_handle = static_cast<cudnnBackendAttributeName_t>(400);
+
+// Whether the engine of heuristic choice `config` may give other bits run to run (cuDNN's numerical notes); true
+// when they cannot be read, so that such a choice is not taken where determinism was asked for.
+bool may_vary(cudnnBackendDescriptor_t config) {
+  const Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t filled = engine.get();  // cuDNN fills a descriptor the caller made
+  std::int64_t count = 0;
+  if (api()->get_attribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &filled) !=
+      CUDNN_STATUS_SUCCESS) {
+    return true;
+  }
+  std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  if (api()->get_attribute(filled, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, std::ssize(notes),
+                           &count, notes.data()) != CUDNN_STATUS_SUCCESS) {
+    return true;
+  }
+  notes.resize(static_cast<std::size_t>(std::clamp<std::int64_t>(count, 0, std::ssize(notes))));
+  return std::ranges::find(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) != notes.end();
+}
+
+// Milliseconds of three runs of `plan` after one that warms it up, or none when cuDNN fails to run it.
+std::optional<float> time_runs(const Descriptor& plan, cudnnHandle_t handle, cudaStream_t stream,
+                               cudnnBackendDescriptor_t pack, const TimingEvent& start, const TimingEvent& stop) {
+  const auto run = [&] {
+    if (api()->execute(handle, plan.get(), pack) == CUDNN_STATUS_SUCCESS) return true;
+    cudaGetLastError();  // the failed run's launch error, which the next launch check would blame on its kernel
+    return false;
+  };
+  if (!run()) return std::nullopt;
+  constexpr int timed_runs = 3;
+  TAPEGRAD_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+  bool ran = true;
+  for (int r = 0; r < timed_runs && ran; ++r) ran = run();
+  TAPEGRAD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+  const float ms = elapsed_ms(start, stop);
+  return ran ? std::optional(ms) : std::nullopt;
+}
 
 }  // namespace
 
@@ -144,7 +182,7 @@ std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
   return ops;
 }
 
-Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates) : graph_(std::move(graph)) {
+Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates, bool deterministic) : graph_(std::move(graph)) {
   const std::vector<cudnnBackendDescriptor_t> ops = graph_.operations();
   operation_graph_.set_values(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                               static_cast<std::int64_t>(ops.size()), ops.data());
@@ -161,15 +199,21 @@ Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates) : graph_(std::move
           "the heuristics' count");
   // cuDNN fills descriptors the caller made.
   std::vector<cudnnBackendDescriptor_t> raw;
-  for (std::int64_t i = 0; i < count; ++i) raw.push_back(configs_.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+  for (std::int64_t i = 0; i < count; ++i) {
+    raw.push_back(configs_.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+  }
   require(api()->get_attribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
                                &count, raw.data()),
           "the heuristics' choices");
   std::string failures;
   for (std::int64_t i = 0; i < count && std::ssize(plans_) < candidates; ++i) {
+    const cudnnBackendDescriptor_t config = raw[static_cast<std::size_t>(i)];
+    // Alternatives to the first choice (what runs without autotuning, which a deterministic graph is built for) must
+    // not vary run to run where that was asked for.
+    if (deterministic && !plans_.empty() && may_vary(config)) continue;
     auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     api()->set_attribute(plan->get(), plan_handle, CUDNN_TYPE_HANDLE, 1, &handle);
-    plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, raw[static_cast<std::size_t>(i)]);
+    plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, config);
     // Finalizing compiles the engine's kernel (NVRTC): a choice that does not compile here is skipped.
     if (const cudnnStatus_t status = api()->finalize(plan->get()); status != CUDNN_STATUS_SUCCESS) {
       failures += detail::concat(failures.empty() ? "" : "; ", describe(status));
@@ -179,10 +223,19 @@ Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates) : graph_(std::move
     require(api()->get_attribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, nullptr,
                                  &workspace),
             "the plan's workspace size");
-    workspace_ = std::max(workspace_, workspace);
-    plans_.push_back(std::move(plan));
+    // ... nor need over max_extra_workspace beyond its workspace (the most autotuning adds to a first call's memory).
+    if (!plans_.empty() && workspace > plans_.front().workspace + max_extra_workspace) continue;
+    plans_.push_back({std::move(plan), workspace});
   }
-  if (plans_.empty()) throw Refused{detail::concat("none of cuDNN's ", count, " engine choices compiled: ", failures)};
+  if (plans_.empty()) {
+    throw Refused{detail::concat("none of cuDNN's ", count, " engine choices compiled: ", failures)};
+  }
+}
+
+std::int64_t Plan::workspace_bytes() const {
+  std::int64_t most = 0;
+  for (const Candidate& c : plans_) most = std::max(most, c.workspace);
+  return most;
 }
 
 void Plan::keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescriptor_t pack) const {
@@ -190,27 +243,17 @@ void Plan::keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendD
   TAPEGRAD_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   std::size_t fastest = 0;
   if (capturing == cudaStreamCaptureStatusNone) {
-    constexpr int timed_runs = 3;
     const TimingEvent start, stop;
-    float best = 0;
-    bool timed = false;
+    std::optional<float> best;
     for (std::size_t i = 0; i < plans_.size(); ++i) {
-      if (api()->execute(handle, plans_[i]->get(), pack) != CUDNN_STATUS_SUCCESS) continue;  // (warms it up)
-      TAPEGRAD_CUDA_CHECK(cudaEventRecord(start.get(), stream));
-      bool ran = true;
-      for (int run = 0; run < timed_runs && ran; ++run) {
-        ran = api()->execute(handle, plans_[i]->get(), pack) == CUDNN_STATUS_SUCCESS;
-      }
-      TAPEGRAD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-      const float ms = elapsed_ms(start, stop);
-      if (ran && (!timed || ms < best)) {
+      const std::optional<float> ms = time_runs(*plans_[i].plan, handle, stream, pack, start, stop);
+      if (ms && (!best || *ms < *best)) {
         best = ms;
         fastest = i;
-        timed = true;
       }
     }
   }
-  std::unique_ptr<Descriptor> kept = std::move(plans_[fastest]);
+  Candidate kept = std::move(plans_[fastest]);
   plans_.clear();
   plans_.push_back(std::move(kept));
 }
@@ -233,7 +276,7 @@ void Plan::execute(cudnnHandle_t handle, cudaStream_t stream, std::span<const Bi
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace)
         .finalize();
     if (plans_.size() > 1) keep_fastest(handle, stream, pack.get());
-    require(api()->execute(handle, plans_.front()->get(), pack.get()), "cudnnBackendExecute");
+    require(api()->execute(handle, plans_.front().plan->get(), pack.get()), "cudnnBackendExecute");
   } catch (const Refused& refused) {
     throw Error(detail::concat("cuDNN failed to run a plan it had compiled: ", refused.what));
   }

@@ -89,27 +89,38 @@ struct Binding {
 };
 
 // A graph's execution plan: the first of cuDNN's heuristic choices that compiles for this device, or, with
-// `candidates` > 1, the fastest of the first `candidates` that compile, timed by the plan's first execution.
+// `candidates` > 1, the fastest of the first `candidates` that compile, timed by the plan's first execution. The
+// others must keep the first one's promises: with `deterministic`, none whose engine notes that its results vary run
+// to run, and none that needs more than max_extra_workspace beyond the first one's workspace.
 class Plan {
  public:
+  static constexpr std::int64_t max_extra_workspace = std::int64_t{256} << 20;
+
   // Throws Refused when cuDNN rejects the graph or no choice compiles.
-  Plan(Graph graph, cudnnHandle_t handle, int candidates = 1);
-  std::int64_t workspace_bytes() const { return workspace_; }
+  Plan(Graph graph, cudnnHandle_t handle, int candidates = 1, bool deterministic = false);
+  // What the next execute needs: the most any candidate needs, then the kept plan's. Under the caller's lock, as
+  // execute.
+  std::int64_t workspace_bytes() const;
+  // The compiled plans the first execute chooses among: 1 once chosen (or from the start).
+  std::size_t candidates() const { return plans_.size(); }
   // Queues the plan on `stream` (the handle's), each of the graph's tensors bound to its pointer (device memory; host
   // memory for a scalar, read as the work is queued). Bindings of uids the graph lacks are ignored. With several
   // candidates the first call runs each on these bindings (once, then three timed runs; every run writes the same
-  // outputs in full), waits for the timings and keeps the fastest; a first call on a capturing stream keeps the first.
-  // Not for two threads at once (the caller serializes: the handle is shared too).
+  // outputs in full), waits for the timings and keeps the fastest; a first call on a capturing stream keeps the
+  // first. Not for two threads at once (the caller serializes: the handle is shared too).
   void execute(cudnnHandle_t handle, cudaStream_t stream, std::span<const Binding> bindings, void* workspace) const;
 
  private:
+  struct Candidate {
+    std::unique_ptr<Descriptor> plan;
+    std::int64_t workspace = 0;
+  };
   void keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescriptor_t pack) const;
 
   Graph graph_;
   Descriptor operation_graph_{CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR};
   std::vector<Descriptor> configs_;
-  mutable std::vector<std::unique_ptr<Descriptor>> plans_;  // compiled; one once chosen
-  std::int64_t workspace_ = 0;                              // the most any candidate needs
+  mutable std::vector<Candidate> plans_;  // compiled, cuDNN's order; one once chosen
 };
 
 }  // namespace tapegrad::cuda::cudnn

@@ -43,8 +43,11 @@ AttentionKernels attention_kernels();
 // Whether cuDNN's attention plan for a problem is chosen by timing (process-wide; off by default), as
 // set_gemm_autotune does for products: a problem first seen while it is on compiles up to 4 of cuDNN's heuristic
 // choices, and its first call runs each on its own inputs (once, then three timed runs) and keeps the fastest for
-// the process. Later calls give the same bits; two processes may keep different plans. Off: cuDNN's first choice
-// that compiles (what PyTorch and JAX run). A problem first called while its stream is captured takes the first.
+// the process. Choices after the first are skipped where they need over 256 MiB more workspace than it, or, for a
+// deterministic backward, where cuDNN notes that their results vary. Later calls run the kept plan: the same bits
+// for the forward and the deterministic backward (the default backward's sums vary run to run anyway); two
+// processes may keep different plans. Off: cuDNN's first choice that compiles (what PyTorch and JAX run). A problem
+// first called while its stream is captured takes the first.
 void set_attention_autotune(bool enable);
 bool attention_autotune();
 
