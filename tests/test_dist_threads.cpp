@@ -1,10 +1,14 @@
 // dist::Communicator::in_process: ranks that are threads of one process (no MPI): every collective in every dtype,
-// the tensor-parallel node against the unsharded one, disagreements, and a rank that never comes.
+// the tensor-parallel node against the unsharded one, disagreements, a rank that never comes, and one that fails.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <random>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "dist_checks.hpp"
 #include "dist_fp8_checks.hpp"
@@ -308,6 +312,49 @@ TEST_CASE("in_process communicators refuse a split and a size below 1") {
   test::on_threads(1, [](const dist::Communicator& comm) {
     CHECK_THROWS_WITH_AS(comm.split(0, 0, "x"), doctest::Contains("cannot be split"), Error);
   });
+}
+
+// A rank whose own part of a collective fails once the ranks agreed on it (its memory, a CUDA error, a capturing
+// stream: tests/test_gpu_dist.cpp has one end to end) aborts the group: the others' collective throws at once, naming
+// its error, instead of waiting for the timeout; the collective before, which every rank finished, still succeeds on
+// every rank; and the failed rank cannot start another collective that the others would take for the one it left.
+TEST_CASE("a rank that fails its part of a collective fails the others' at once, naming its error") {
+  constexpr int size = 3;
+  const auto groups = dist::detail::thread_groups(size, {.timeout = std::chrono::minutes(5), .name = "threads"});
+  std::vector<float> sums(size);
+  std::vector<std::string> errors(size), later(size);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      dist::detail::Group& group = *groups[static_cast<std::size_t>(r)];
+      float x = 1;
+      group.all_reduce(&x, &x, 1, DType::f32);
+      sums[static_cast<std::size_t>(r)] = x;
+      try {
+        if (r == 1) group.abort("all_reduce: out of memory (injected)");  // before its host exchange
+        group.all_reduce(&x, &x, 1, DType::f32);
+      } catch (const dist::CommunicationError& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+      try {
+        group.barrier();
+      } catch (const dist::CommunicationError& e) {
+        later[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::minutes(1));
+  for (int r = 0; r < size; ++r) {
+    CAPTURE(r);
+    CHECK(sums[static_cast<std::size_t>(r)] == size);
+    const std::string failure = "communicator 'threads' (rank " + std::to_string(r) + " of 3): all_reduce: " +
+                                (r == 1 ? "" : "rank 1 failed: all_reduce: ") + "out of memory (injected)";
+    const std::string unusable = failure + "; the communicator cannot be used again";
+    CHECK(errors[static_cast<std::size_t>(r)] == (r == 1 ? unusable : failure));
+    CHECK(later[static_cast<std::size_t>(r)] == unusable);
+  }
 }
 
 // NCCL refuses two ranks on one GPU: then every rank's CUDA collectives go through the host (tests/test_gpu_dist.cpp

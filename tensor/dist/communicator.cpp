@@ -2,6 +2,9 @@
 // checked (consistently on every rank, since they now agree), then the group runs it on host memory or its GPU link.
 #include "tapegrad/tensor/dist/communicator.hpp"
 
+#include <exception>
+#include <string>
+
 #include "tapegrad/tensor/dist/detail/fingerprint.hpp"
 #include "tapegrad/tensor/dist/detail/group.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
@@ -32,6 +35,18 @@ template <class T> void agree_on(detail::Group& group, Collective op, const Tens
   detail::agree(group, call);
 }
 
+// Runs this rank's part of `op` once the ranks agreed on it. Should it fail here (out of memory, a CUDA error, a
+// capturing stream), the others would wait for this rank: the group fails (Group::abort), so that they throw at once
+// with its error (in-process ranks) and this rank cannot start another collective that theirs would meet.
+template <class Part> void run_agreed(detail::Group& group, Collective op, Part&& part) {
+  try {
+    part();
+  } catch (const std::exception& e) {
+    group.abort(std::string(detail::collective_name(op)) + ": " + e.what());
+    throw;
+  }
+}
+
 // on_host() for a CPU tensor; on_gpu(link, stream) for a CUDA one, on the device's current stream.
 template <class OnHost, class OnGpu>
 void run_on(detail::Group& group, Collective op, Device device, OnHost&& on_host, OnGpu&& on_gpu) {
@@ -51,9 +66,12 @@ template <class T> void reduce_into(detail::Group& group, const Tensor<T>& in, T
       });
 }
 
-template <class T> void broadcast_into(detail::Group& group, Tensor<T>& t, int root) {
+void check_root(const detail::Group& group, int root) {
   check(root >= 0 && root < group.size(), "broadcast", "root ", root, " is not a rank of communicator '",
         group.options().name, "' (", group.size(), " ranks)");
+}
+
+template <class T> void broadcast_into(detail::Group& group, Tensor<T>& t, int root) {
   run_on(
       group, Collective::broadcast, t.device(), [&] { group.broadcast(t.data(), count_of(t), dtype_v<T>, root); },
       [&](detail::DeviceLink& link, cuda::Stream stream) {
@@ -118,27 +136,34 @@ std::chrono::milliseconds Communicator::timeout() const { return group_->options
 
 template <class T> Tensor<T> Communicator::all_reduce(const Tensor<T>& t) const {
   agree_on(*group_, Collective::all_reduce, t);
-  Tensor<T> out(t.shape(), t.device());
-  reduce_into(*group_, t, out);
+  Tensor<T> out;
+  run_agreed(*group_, Collective::all_reduce, [&] {
+    out = Tensor<T>(t.shape(), t.device());
+    reduce_into(*group_, t, out);
+  });
   return out;
 }
 
 template <class T> void Communicator::all_reduce_in_place(Tensor<T>& t) const {
   agree_on(*group_, Collective::all_reduce, t);
-  reduce_into(*group_, t, t);
+  run_agreed(*group_, Collective::all_reduce, [&] { reduce_into(*group_, t, t); });
 }
 
 template <class T> Pending Communicator::all_reduce_start(Tensor<T>& t) const {
   agree_on(*group_, Collective::all_reduce, t);
-  return by_device(
-      "all_reduce", t.device(),
-      [&] { return Pending(group_->start_all_reduce(t.data(), count_of(t), dtype_v<T>)); },
-      [&](auto gpu) {
-        const cuda::SideStream side(gpu.index);
-        side.wait_for_current();
-        group_->device_link(gpu.index).all_reduce(t.data(), t.data(), count_of(t), dtype_v<T>, side.stream());
-        return Pending(std::make_unique<SideStreamRequest>(gpu.index));
-      });
+  Pending pending;
+  run_agreed(*group_, Collective::all_reduce, [&] {
+    pending = by_device(
+        "all_reduce", t.device(),
+        [&] { return Pending(group_->start_all_reduce(t.data(), count_of(t), dtype_v<T>)); },
+        [&](auto gpu) {
+          const cuda::SideStream side(gpu.index);
+          side.wait_for_current();
+          group_->device_link(gpu.index).all_reduce(t.data(), t.data(), count_of(t), dtype_v<T>, side.stream());
+          return Pending(std::make_unique<SideStreamRequest>(gpu.index));
+        });
+  });
+  return pending;
 }
 
 template <class T> Tensor<T> Communicator::all_gather(const Tensor<T>& t) const {
@@ -146,13 +171,16 @@ template <class T> Tensor<T> Communicator::all_gather(const Tensor<T>& t) const 
   std::vector<std::int64_t> dims = t.shape().to_vector();
   if (dims.empty()) dims.push_back(1);  // scalars gather into a vector
   dims[0] *= size();
-  Tensor<T> out(Shape(dims), t.device());
-  run_on(
-      *group_, Collective::all_gather, t.device(),
-      [&] { group_->all_gather(t.data(), out.data(), count_of(t), dtype_v<T>); },
-      [&](detail::DeviceLink& link, cuda::Stream stream) {
-        link.all_gather(t.data(), out.data(), count_of(t), dtype_v<T>, stream);
-      });
+  Tensor<T> out;
+  run_agreed(*group_, Collective::all_gather, [&] {
+    out = Tensor<T>(Shape(dims), t.device());
+    run_on(
+        *group_, Collective::all_gather, t.device(),
+        [&] { group_->all_gather(t.data(), out.data(), count_of(t), dtype_v<T>); },
+        [&](detail::DeviceLink& link, cuda::Stream stream) {
+          link.all_gather(t.data(), out.data(), count_of(t), dtype_v<T>, stream);
+        });
+  });
   return out;
 }
 
@@ -162,26 +190,34 @@ template <class T> Tensor<T> Communicator::reduce_scatter(const Tensor<T>& t) co
         " must split into ", size(), " equal blocks (one per rank of communicator '", name(), "')");
   std::vector<std::int64_t> dims = t.shape().to_vector();
   dims[0] /= size();
-  Tensor<T> out(Shape(dims), t.device());
-  run_on(
-      *group_, Collective::reduce_scatter, t.device(),
-      [&] { group_->reduce_scatter(t.data(), out.data(), count_of(out), dtype_v<T>); },
-      [&](detail::DeviceLink& link, cuda::Stream stream) {
-        link.reduce_scatter(t.data(), out.data(), count_of(out), dtype_v<T>, stream);
-      });
+  Tensor<T> out;
+  run_agreed(*group_, Collective::reduce_scatter, [&] {
+    out = Tensor<T>(Shape(dims), t.device());
+    run_on(
+        *group_, Collective::reduce_scatter, t.device(),
+        [&] { group_->reduce_scatter(t.data(), out.data(), count_of(out), dtype_v<T>); },
+        [&](detail::DeviceLink& link, cuda::Stream stream) {
+          link.reduce_scatter(t.data(), out.data(), count_of(out), dtype_v<T>, stream);
+        });
+  });
   return out;
 }
 
 template <class T> Tensor<T> Communicator::broadcast(const Tensor<T>& t, int root) const {
   agree_on(*group_, Collective::broadcast, t, root);
-  Tensor<T> out = rank() == root ? t.clone() : Tensor<T>(t.shape(), t.device());
-  broadcast_into(*group_, out, root);
+  check_root(*group_, root);
+  Tensor<T> out;
+  run_agreed(*group_, Collective::broadcast, [&] {
+    out = rank() == root ? t.clone() : Tensor<T>(t.shape(), t.device());
+    broadcast_into(*group_, out, root);
+  });
   return out;
 }
 
 template <class T> void Communicator::broadcast_in_place(Tensor<T>& t, int root) const {
   agree_on(*group_, Collective::broadcast, t, root);
-  broadcast_into(*group_, t, root);
+  check_root(*group_, root);
+  run_agreed(*group_, Collective::broadcast, [&] { broadcast_into(*group_, t, root); });
 }
 
 void Communicator::barrier() const {

@@ -13,7 +13,9 @@
 // arrives (hung, or gone without mpirun noticing) makes the others throw CommunicationError after the timeout,
 // naming the collective; the communicator is unusable after that (a collective is still in flight), and a Session
 // ends such a job with MPI_Abort instead of MPI_Finalize (which would wait forever). A rank that dies is seen by
-// mpirun, which ends the others within about a second.
+// mpirun, which ends the others within about a second. A rank whose own part of a collective fails after the ranks
+// agreed on it (out of memory, a CUDA error) throws that error and leaves the communicator unusable too; ranks of
+// one process (in_process) then throw CommunicationError at once, naming it.
 //
 // Collectives return new tensors on the input's device (the `_in_place` forms overwrite their argument) and, for
 // CPU tensors, have finished when they return; on a GPU they are queued on the stream. Sums of bf16, f16 and the
@@ -98,8 +100,8 @@ class Communicator {
   // collective, and when any two are the same, every rank's CUDA collectives are staged through host memory: each
   // waits for the stream, copies the tensor to the host, runs the host collective (same checks, timeout, errors and
   // rounding) and copies the result back, returning once it is on the device. A test transport (two ranks on one GPU
-  // test the sharded GPU code): slow, and not capturable in a CUDA graph. Ranks on different GPUs, and MPI jobs,
-  // keep NCCL.
+  // test the sharded GPU code): slow, and not capturable in a CUDA graph (on a capturing stream it throws Error and
+  // fails the communicator). Ranks on different GPUs, and MPI jobs, keep NCCL.
   static std::vector<Communicator> in_process(int size, const CommunicatorOptions& options = {});
 
   int rank() const;

@@ -30,10 +30,14 @@ std::atomic<bool> failed_in_process{false};
 }
 
 void Group::fail(const std::string& what) {
+  Group::abort(what);
+  throw CommunicationError(failure_);
+}
+
+void Group::abort(const std::string& what) {
   if (failure_.empty()) failure_ = "communicator '" + options_.name + "' (rank " + std::to_string(rank_) + " of " +
                                    std::to_string(size_) + "): " + what;
   note_group_failed();
-  throw CommunicationError(failure_);
 }
 
 void Group::throw_if_failed() const {

@@ -2,13 +2,16 @@
 // detected"). Each collective copies the tensor to the host on its stream (waiting for the work queued there first),
 // runs the group's host collective on the copy, so that the timeout, the errors naming ranks and the rounding of the
 // 16-bit and fp8 sums are the host path's, and copies the result back on the stream, waiting for that copy too. The
-// ranks' call check ran before (communicator.cpp). A test transport: it blocks on the device, so it cannot be
-// captured in a CUDA graph, and each collective crosses the bus twice.
+// ranks' call check ran before (communicator.cpp), and a failure of this rank's part fails the group there, so that
+// the other ranks do not wait for it. A test transport: it blocks on the device, so it cannot be captured in a CUDA
+// graph (a capturing stream is refused), and each collective crosses the bus twice.
 #include <vector>
 
+#include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 #include "tapegrad/tensor/dtype.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
+#include "tapegrad/tensor/gpu/detail/capture_memory.hpp"
 
 namespace tapegrad::dist::detail {
 
@@ -57,6 +60,9 @@ class StagedLink final : public DeviceLink {
   // CUDA has no device tensors: this is never reached there.
   template <class Copy> void on_stream(cuda::Stream stream, Copy&& copy) const {
     by_device("dist: a collective staged through host memory", Device::cuda(device_), [] {}, [&](auto gpu) {
+      check(!cuda::is_capturing(stream), "dist",
+            "a collective of ranks that share a GPU (staged through host memory) cannot be captured in a CUDA graph: "
+            "it waits for the device");
       const cuda::StreamGuard guard(stream, gpu.index);
       copy(gpu.index);
     });

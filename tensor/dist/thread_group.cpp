@@ -1,7 +1,8 @@
 // The in-process transport: the ranks are threads of one process sharing a Rendezvous. A collective is two meetings:
 // at the first each rank posts its buffers, then every rank computes its own result from all of them (sums in rank
 // order, so every rank gets the same bits); at the second they agree that everyone is done reading. A meeting that
-// a rank misses for the timeout fails the group, naming the ranks that never came.
+// a rank misses for the timeout fails the group, naming the ranks that never came; so does a rank whose own part of
+// a collective failed (abort), at once, naming its error.
 //
 // CUDA tensors go over NCCL when every rank is on its own GPU. NCCL refuses two ranks on one GPU, so when any two
 // share one (a test on a machine of one GPU) every rank's CUDA collectives are staged through these host
@@ -12,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string>
 
 #include "tapegrad/tensor/dist/detail/fingerprint.hpp"
 #include "tapegrad/tensor/dist/detail/group.hpp"
@@ -34,9 +36,17 @@ struct Rendezvous {
   std::condition_variable changed;
   std::vector<Post> posted;
   std::vector<std::int64_t> arrived;  // per rank: the meetings it has come to
-  std::int64_t meetings_done = 0;     // meetings every rank has come to
-  std::int64_t broken = 0;            // set when a rank gave up waiting: every meeting after fails at once
+  // Set when a rank gave up waiting or failed on its own: every meeting after `last_meeting` fails at once (those
+  // before it every rank came to).
+  bool broken = false;
+  std::int64_t last_meeting = 0;
+  std::string failed_rank;  // "rank r failed: <its error>" when a rank failed on its own
 };
+
+// memcpy, also of 0 bytes from or to a null pointer (an empty tensor's, an empty staging buffer's).
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
 
 template <class T> void add_into(void* out, const void* in, std::size_t count) {
   auto* o = static_cast<T*>(out);
@@ -83,23 +93,23 @@ class ThreadGroup final : public Group {
     // Each rank sums every rank's input in rank order into a scratch copy, then writes it out (out may be in).
     std::vector<unsigned char> sum(count * dtype_size(dtype));
     exchange("all_reduce", {.in = in}, [&](const std::vector<Rendezvous::Post>& posts) {
-      std::memcpy(sum.data(), posts[0].in, sum.size());
+      copy_bytes(sum.data(), posts[0].in, sum.size());
       for (std::size_t r = 1; r < posts.size(); ++r) add_into(dtype, sum.data(), posts[r].in, count);
     });
-    std::memcpy(out, sum.data(), sum.size());
+    copy_bytes(out, sum.data(), sum.size());
   }
   void all_gather(const void* in, void* out, std::size_t count, DType dtype) override {
     const std::size_t bytes = count * dtype_size(dtype);
     exchange("all_gather", {.in = in}, [&](const std::vector<Rendezvous::Post>& posts) {
       for (std::size_t r = 0; r < posts.size(); ++r) {
-        std::memcpy(static_cast<unsigned char*>(out) + r * bytes, posts[r].in, bytes);
+        copy_bytes(static_cast<unsigned char*>(out) + r * bytes, posts[r].in, bytes);
       }
     });
   }
   void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype) override {
     const std::size_t offset = static_cast<std::size_t>(rank()) * count * dtype_size(dtype);
     exchange("reduce_scatter", {.in = in}, [&](const std::vector<Rendezvous::Post>& posts) {
-      std::memcpy(out, static_cast<const unsigned char*>(posts[0].in) + offset, count * dtype_size(dtype));
+      copy_bytes(out, static_cast<const unsigned char*>(posts[0].in) + offset, count * dtype_size(dtype));
       for (std::size_t r = 1; r < posts.size(); ++r) {
         add_into(dtype, out, static_cast<const unsigned char*>(posts[r].in) + offset, count);
       }
@@ -107,7 +117,7 @@ class ThreadGroup final : public Group {
   }
   void broadcast(void* data, std::size_t count, DType dtype, int root) override {
     exchange("broadcast", {.in = data}, [&](const std::vector<Rendezvous::Post>& posts) {
-      if (rank() != root) std::memcpy(data, posts[static_cast<std::size_t>(root)].in, count * dtype_size(dtype));
+      if (rank() != root) copy_bytes(data, posts[static_cast<std::size_t>(root)].in, count * dtype_size(dtype));
     });
   }
   void barrier() override {
@@ -123,9 +133,9 @@ class ThreadGroup final : public Group {
     throw_if_failed();
     auto& link = links_[device];
     if (!link) {
-      std::vector<int> devices;
+      std::vector<int> devices(static_cast<std::size_t>(size()));  // (reading the posts must not throw)
       exchange("compare the ranks' GPUs", {.in = &device}, [&](const std::vector<Rendezvous::Post>& posts) {
-        for (const auto& post : posts) devices.push_back(*static_cast<const int*>(post.in));
+        for (std::size_t r = 0; r < posts.size(); ++r) devices[r] = *static_cast<const int*>(posts[r].in);
       });
       if (stage_through_host(devices)) {
         link = make_staged_link(*this, device);
@@ -136,6 +146,21 @@ class ThreadGroup final : public Group {
       }
     }
     return *link;
+  }
+
+  // The other ranks' current or next meeting fails at once, naming this rank's error.
+  void abort(const std::string& what) override {
+    Rendezvous& s = *shared_;
+    {
+      const std::lock_guard lock(s.mutex);
+      if (!s.broken) {
+        s.broken = true;
+        s.last_meeting = s.arrived[static_cast<std::size_t>(rank())];
+        s.failed_rank = "rank " + std::to_string(rank()) + " failed: " + what;
+      }
+    }
+    s.changed.notify_all();
+    Group::abort(what);
   }
 
  private:
@@ -163,19 +188,25 @@ class ThreadGroup final : public Group {
       }
       return true;
     };
+    const auto failed = [&] { return s.broken && meeting > s.last_meeting; };
     s.changed.notify_all();
-    if (s.changed.wait_for(lock, options().timeout, [&] { return s.broken || everyone_came(); }) && !s.broken) {
+    if (s.changed.wait_for(lock, options().timeout, [&] { return failed() || everyone_came(); }) && !failed()) {
       return;
+    }
+    if (!s.broken) {  // this rank gave up waiting
+      s.broken = true;
+      s.last_meeting = meeting - 1;
+      s.changed.notify_all();
     }
     std::ostringstream missing;
     for (std::size_t r = 0; r < s.arrived.size(); ++r) {
       if (s.arrived[r] < meeting) missing << (missing.tellp() > 0 ? ", " : "") << r;
     }
-    s.broken = 1;
-    s.changed.notify_all();
+    const std::string cause = !s.failed_rank.empty() ? s.failed_rank
+                              : missing.tellp() > 0  ? "rank(s) " + missing.str() + " did not come within the timeout"
+                                                     : "another rank gave up waiting";
     lock.unlock();
-    fail(what + ": " + (missing.tellp() > 0 ? "rank(s) " + missing.str() + " did not come within the timeout"
-                                              : "another rank gave up waiting"));
+    fail(what + ": " + cause);
   }
 
   std::shared_ptr<Rendezvous> shared_;

@@ -78,6 +78,11 @@ class Group {
   // Throws CommunicationError "communicator '<name>' (rank r of p): <what>" and fails the group (and the process:
   // any_group_failed); the group's later calls throw it again.
   [[noreturn]] void fail(const std::string& what);
+  // Fails the group as fail does, without throwing, after this rank's part of a collective went wrong after the
+  // ranks agreed on it (its memory, a CUDA error): the others may be waiting for it, and this rank's next collective
+  // must not meet theirs. Ranks in one process are told at once (their collective throws, naming `what`); MPI ranks
+  // see the timeout.
+  virtual void abort(const std::string& what);
   // Throws the recorded failure, if any.
   void throw_if_failed() const;
 
