@@ -11,7 +11,7 @@
 #include "tapegrad/tensor/dist/detail/nccl_link.hpp"
 #include "tapegrad/tensor/dtype.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
-#include "tapegrad/tensor/gpu/detail/capture_memory.hpp"
+#include "tapegrad/tensor/gpu/graph.hpp"
 
 namespace tapegrad::dist::detail {
 
@@ -60,10 +60,10 @@ class StagedLink final : public DeviceLink {
   // CUDA has no device tensors: this is never reached there.
   template <class Copy> void on_stream(cuda::Stream stream, Copy&& copy) const {
     by_device("dist: a collective staged through host memory", Device::cuda(device_), [] {}, [&](auto gpu) {
-      check(!cuda::is_capturing(stream), "dist",
+      const cuda::StreamGuard guard(stream, gpu.index);
+      check(!cuda::capturing(gpu.index), "dist",  // (`stream` is current now)
             "a collective of ranks that share a GPU (staged through host memory) cannot be captured in a CUDA graph: "
             "it waits for the device");
-      const cuda::StreamGuard guard(stream, gpu.index);
       copy(gpu.index);
     });
   }

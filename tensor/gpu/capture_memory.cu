@@ -147,10 +147,4 @@ CaptureFree capture_free(const Block& block) noexcept {
   return CaptureFree::not_captured;
 }
 
-bool is_capturing(Stream stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  TAPEGRAD_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 }  // namespace tapegrad::cuda

@@ -1,5 +1,5 @@
-// Device memory while work is captured into a CUDA graph (tensor/gpu/graph.hpp). Internal: memory.cu and graph.cu
-// use it, and the collectives staged through host memory ask whether their stream is captured. Plain C++.
+// Device memory while work is captured into a CUDA graph (tensor/gpu/graph.hpp). Internal to cuda/: memory.cu and
+// graph.cu use it. Plain C++.
 //
 // A captured graph replays its kernels on the addresses they saw during capture, so what they use must stay where
 // it was for the graph's life. While a thread captures on a device, its allocations there come from the graph's
@@ -42,9 +42,5 @@ std::optional<Block> capture_allocate(std::size_t bytes, int device, Stream stre
 // is capturing (still allocated: the arena frees it when it goes), or none of these (free it as usual).
 enum class CaptureFree { returned, kept, not_captured };
 CaptureFree capture_free(const Block& block) noexcept;
-
-// Whether work queued on `stream` is being captured (by Graph::capture or the caller's own capture): work that waits
-// for the device cannot be queued there then.
-bool is_capturing(Stream stream);
 
 }  // namespace tapegrad::cuda
