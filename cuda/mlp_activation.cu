@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(threads, min_blocks_per_sm)
   // Threads past F take no rows (but join the block's amax).
   const std::int64_t first = blockIdx.y * chunk_rows;
   const std::int64_t last = col >= F ? first : (first + chunk_rows < rows ? first + chunk_rows : rows);
-  const float scale = !Backward && b.codes ? *b.scale : 0.0f;
+  const float scale = !Backward && b.codes && !b.tile_scales ? *b.scale : 0.0f;
   unsigned int amax = 0;
   constexpr int R = rows_in_flight;
   C sum0[V] = {}, sum1[V] = {};
