@@ -63,22 +63,9 @@ template <int R, class S> __device__ __forceinline__ void load_run(const S* x, f
   }
 }
 
-// Elements [c, c + R) of row r of x [rows, cols] as f32, zero past the matrix's edges; one run of 16-byte loads
+// Elements [c, c + R) of row r of x [rows, cols] as stored, zero past the matrix's edges; one run of 16-byte loads
 // where `aligned` (cols a multiple of R, x 16-byte aligned) and the run lies whole inside. Returns whether it did.
-template <int R, class S>
-__device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows, std::int64_t cols, std::int64_t r,
-                                                  std::int64_t c, bool aligned, float (&v)[R]) {
-  const bool whole = aligned && r < rows && c + R <= cols;
-  if (whole) {
-    load_run(x + r * cols + c, v);
-  } else {
-    for (int j = 0; j < R; ++j) v[j] = r < rows && c + j < cols ? to_compute<float>(x[r * cols + c + j]) : 0.0f;
-  }
-  return whole;
-}
-
-// load_run_or_zeros's elements as stored, unconverted: for a kernel that holds runs until it has read the rest of
-// its tile (16-bit x then takes half the registers of f32 values).
+// (Unconverted: a kernel that holds runs until it has read the rest of its tile keeps 16-bit x in half the registers.)
 template <int R, class S>
 __device__ __forceinline__ bool load_pack_or_zeros(const S* x, std::int64_t rows, std::int64_t cols, std::int64_t r,
                                                    std::int64_t c, bool aligned, Pack<S, R>& p) {
@@ -91,8 +78,18 @@ __device__ __forceinline__ bool load_pack_or_zeros(const S* x, std::int64_t rows
   return whole;
 }
 
+// load_pack_or_zeros's elements as f32.
+template <int R, class S>
+__device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows, std::int64_t cols, std::int64_t r,
+                                                  std::int64_t c, bool aligned, float (&v)[R]) {
+  Pack<S, R> p;
+  const bool whole = load_pack_or_zeros(x, rows, cols, r, c, aligned, p);
+  for (int j = 0; j < R; ++j) v[j] = to_compute<float>(p.v[j]);
+  return whole;
+}
+
 // The codes q of elements [c, c + 8) of row r into codes [rows, cols], none past its edges: one 8-byte store where
-// `whole` (load_run_or_zeros's answer for the run, with codes 8-byte aligned where it was asked to load whole runs).
+// `whole` (the run lies inside, cols a multiple of 8 and codes 8-byte aligned).
 __device__ __forceinline__ void store_run(std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t r,
                                           std::int64_t c, bool whole, const std::uint8_t (&q)[8]) {
   if (whole) {
