@@ -42,6 +42,11 @@ constexpr Config configs[] = {
     {"llama_4k", 8192, 4096, 11008, "rms_swiglu", NormType::rmsnorm, Activation::swiglu, false},
     // gpt_1k with sizes that are no multiple of 8 (no peer runs it): how far from gpt_1k's time it falls.
     {"gpt_1k_odd", 4096, 1021, 4093, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    // Mid shapes no peer runs, where fp8 must pay as well (M·H·F from 2^32 to 2^33.2):
+    // hidden 768 with a 4x FFN, 512 tokens through hidden 2048, and a quarter of gpt_1k's tokens (2^32).
+    {"gpt_768", 4096, 768, 3072, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    {"short_2k", 512, 2048, 8192, "ln_gelu", NormType::layernorm, Activation::gelu, true},
+    {"quarter_1k", 1024, 1024, 4096, "ln_gelu", NormType::layernorm, Activation::gelu, true},
 };
 
 struct Precision {
