@@ -45,14 +45,16 @@ std::int64_t mlp_activation_partials(std::int64_t rows, std::int64_t F, int widt
 void mlp_activation_backward(DType dtype, int device, const ActivationForm& act, const void* z, const void* da,
                              const ActivationGrads& out, std::int64_t rows, std::int64_t F);
 
-// Delayed scaling's backward (every scale known before the kernel): dz and a as fp8 codes in place of dz and a, in
-// the layouts the products read. Each code is bitwise what fp8_quantize makes of the dz (or a) that
-// mlp_activation_backward writes; dz's amax as fp8_amax takes it.
+// The backward with fp8 outputs where their scales are known before the kernel: a's transposed codes (the forward
+// made a's scale), and dz's codes in the layouts the products read (delayed scaling) or dz itself with its amax
+// (current scaling, which makes dz's scale from it). Each code is bitwise what fp8_quantize makes of the dz (or a)
+// that mlp_activation_backward writes, as is dz; dz's amax as fp8_amax takes it.
 struct ActivationBackwardCodes {
   DType dz_format = DType::f8e5m2;
-  const float* dz_scale = nullptr;
+  const float* dz_scale = nullptr;  // needed for dz's codes
   void* dz_codes = nullptr;       // [rows, width·F]; null: none
   void* dz_transposed = nullptr;  // [width·F, transposed_ld]; null: none
+  void* dz = nullptr;             // [rows, width·F] in dtype; may be z itself; null: none
   float* dz_amax = nullptr;       // *dz_amax = max(*dz_amax, max |dz|); null: none
   const float* a_scale = nullptr;
   void* a_transposed = nullptr;  // [F, transposed_ld] in f8e4m3; null: none

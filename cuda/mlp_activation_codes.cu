@@ -1,6 +1,8 @@
-// The activation's backward with fp8 outputs (interface: cuda/mlp_activation.hpp): delayed scaling knows dz's and
-// a's scales before the kernel, so it writes their codes (and transposed codes) itself where the plain backward
-// writes dz and a in the storage type and a quantization pass reads them back (fp8_quantize's traffic, saved).
+// The activation's backward with fp8 outputs (interface: cuda/mlp_activation.hpp): where dz's and a's scales are
+// known before the kernel (delayed scaling's; a's made by the forward), it writes their codes (and transposed codes)
+// itself where the plain backward writes dz and a in the storage type and a quantization pass reads them back
+// (fp8_quantize's traffic, saved); current scaling's dz, whose scale comes from its amax, it writes as values with
+// that amax (no pass over dz to find it).
 //
 // Block (t, c) takes the t-th tile of 64 columns over chunk c's rows (whole tiles of 64 rows, a function of the
 // shape only), tile after tile: each thread converts runs of 8 elements of a row (16-byte loads of z's halves and
@@ -54,12 +56,22 @@ template <class S> struct Buffers {
   const float* dz_scale;
   std::uint8_t* dz_codes;
   std::uint8_t* dz_transposed;
+  S* dz;
   unsigned int* dz_amax_bits;
   const float* a_scale;
   std::uint8_t* a_transposed;
   std::int64_t transposed_ld;
   compute_of<S>* partials;
 };
+
+// x[0 .. run) = v, in 16-byte stores (x 16-byte aligned).
+template <class S> __device__ __forceinline__ void store_values(S* x, const S (&v)[run]) {
+  static_assert(sizeof(S) * run % 16 == 0);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(S)) * run / 16; ++k) {
+    reinterpret_cast<uint4*>(x)[k] = reinterpret_cast<const uint4*>(v)[k];
+  }
+}
 
 // Writes the tile's column j, rows i0 .. i0 + run, of `codes` to row `at` of a transpose (8 bytes).
 __device__ __forceinline__ void write_down(const std::uint8_t (&codes)[tile][tile + 4], int j, int i0,
@@ -85,7 +97,7 @@ __global__ void __launch_bounds__(threads)
   const int j0 = threadIdx.x % runs_across * run, i_first = threadIdx.x / runs_across;
   const std::int64_t c = c0 + j0;
   const bool in_columns = c < F;  // F is a multiple of 8: a run is whole or past F
-  const float dz_scale = *b.dz_scale, a_scale = b.a_transposed ? *b.a_scale : 0.0f;
+  const float dz_scale = b.dz_scale ? *b.dz_scale : 0.0f, a_scale = b.a_transposed ? *b.a_scale : 0.0f;
   unsigned int amax = 0;
   C sum0[run] = {}, sum1[run] = {};
   for (std::int64_t r0 = first; r0 < last; r0 += tile) {
@@ -94,6 +106,7 @@ __global__ void __launch_bounds__(threads)
       alignas(8) std::uint8_t qa[run] = {}, q0[run] = {}, q1[run] = {};  // zero codes past the rows
       if (in_columns && r < rows) {
         float z0[run], z1[run], da[run];
+        alignas(16) S dz0[run], dz1[run];
         load_run(b.z + r * width * F + c, z0);
         if (width == 2) load_run(b.z + r * width * F + F + c, z1);
         load_run(b.da + r * F + c, da);
@@ -101,6 +114,8 @@ __global__ void __launch_bounds__(threads)
         for (int v = 0; v < run; ++v) {
           const BackwardElement<S> e = backward_element<Fixed, S>(act, width, C(z0[v]), width == 2 ? C(z1[v]) : C(0),
                                                                   C(da[v]));
+          dz0[v] = e.dz0;
+          dz1[v] = e.dz1;
           sum0[v] += to_compute<C>(e.dz0);
           amax = max(amax, abs_bits(e.dz0));
           q0[v] = to_fp8<G>(to_compute<float>(e.dz0) * dz_scale);
@@ -110,6 +125,10 @@ __global__ void __launch_bounds__(threads)
             q1[v] = to_fp8<G>(to_compute<float>(e.dz1) * dz_scale);
           }
           qa[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(e.a) * a_scale);
+        }
+        if (b.dz) {  // (z's run was read above: dz may be written over it)
+          store_values(b.dz + r * width * F + c, dz0);
+          if (width == 2) store_values(b.dz + r * width * F + F + c, dz1);
         }
         if (b.dz_codes) {
           std::uint8_t* row = b.dz_codes + r * width * F + c;
@@ -171,7 +190,8 @@ void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm
   check(F % fp8_row_alignment == 0 && (!(out.dz_transposed || out.a_transposed) || out.transposed_ld == covered), op,
         "the fused backward needs F (", F, ") in a multiple of ", fp8_row_alignment, " and the transposes' rows (",
         out.transposed_ld, ") rounded up to ", fp8_row_alignment, " from ", rows);
-  check(out.dz_scale && (out.a_scale || !out.a_transposed), op, "the fused backward needs the scales of its codes");
+  check((out.dz_scale || !(out.dz_codes || out.dz_transposed)) && (out.a_scale || !out.a_transposed), op,
+        "the fused backward needs the scales of its codes");
   const std::int64_t chunk_count = chunks(covered, F);  // (none for no rows: dbias sums to zeros)
   if (covered > 0 && F > 0) {
     const Launch launch(device);
@@ -184,6 +204,7 @@ void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm
                            out.dz_scale,
                            static_cast<std::uint8_t*>(out.dz_codes),
                            static_cast<std::uint8_t*>(out.dz_transposed),
+                           static_cast<S*>(out.dz),
                            reinterpret_cast<unsigned int*>(out.dz_amax),
                            out.a_scale,
                            static_cast<std::uint8_t*>(out.a_transposed),

@@ -327,7 +327,8 @@ TEST_CASE("the activation kernel's codes of a in 1x128 tiles are fp8_block_quant
       doctest::Contains("codes in 1x128 tiles need F (128) in whole tiles, rows (6) a multiple of 4"), Error);
 }
 
-TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of the plain backward's, and db1 its sum") {
+TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of the plain backward's, its dz the plain "
+          "dz, and db1 its sum") {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu,
@@ -349,7 +350,7 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
           const float* a_scale = scales.data() + 1;
           // The plain backward, then fp8_quantize of its dz and a.
           Tensor<bf16> dz(Shape{rows, width * F}, gpu), a(Shape{rows, F}, gpu);
-          Tensor<float> db1(Shape{width * F}, gpu), amax = zeros<float>({2}).to(gpu);
+          Tensor<float> db1(Shape{width * F}, gpu), amax = zeros<float>({3}).to(gpu);
           Tensor<float> partials(Shape{std::max<std::int64_t>(1, cuda::mlp_activation_partials(rows, F, width))}, gpu);
           cuda::mlp_activation_backward(DType::bf16, 0, form, z.data(), da.data(),
                                         {.dz = dz.data(), .a = a.data(), .dbias = db1.data(),
@@ -389,8 +390,21 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
             CHECK(test::bitwise_equal(fused_dz_t.to(host), dz_t.to(host)));
             CHECK(test::bitwise_equal(fused_a_t.to(host), a_t.to(host)));
           }
+          // Current scaling's form: dz as values written over z (here a copy of it), its amax, a's transpose.
+          Tensor<bf16> dz_over_z = z.clone();
+          Tensor<f8e4m3> values_a_t = filled({F, ld});
+          cuda::mlp_activation_backward_codes(DType::bf16, 0, form, dz_over_z.data(), da.data(),
+                                              {.dz = dz_over_z.data(),
+                                               .dz_amax = amax.data() + 2,
+                                               .a_scale = a_scale,
+                                               .a_transposed = values_a_t.data(),
+                                               .transposed_ld = ld},
+                                              rows, F);
+          CHECK(test::bitwise_equal(dz_over_z.to(host), dz.to(host)));
+          CHECK(test::bitwise_equal(values_a_t.to(host), a_t.to(host)));
           const Tensor<float> amaxes = amax.to(host);
           CHECK(amaxes.flat(0) == amaxes.flat(1));
+          CHECK(amaxes.flat(0) == amaxes.flat(2));
           // db1: the same dz summed in another order (f32): within f32's rounding of the sum of |dz|.
           const Tensor<bf16> dz_host = dz.to(host);
           const Tensor<float> expected = db1.to(host), got = fused_db1.to(host);

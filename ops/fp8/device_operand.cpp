@@ -130,6 +130,13 @@ class CurrentScaling final : public PerTensorScaling {
     stale_ = true;
     made_ = {};
   }
+  // A later pass's codes (the backward's of a forward input made again): the step's scale is the first pass's, known
+  // before the tensor is made again.
+  std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
+                                  Pass pass) const override {
+    if (pass == Pass::first) return std::nullopt;
+    return Fp8Target{.codes = codes_for(role, rows, cols, layouts), .scale = slot(role, scale_field)};
+  }
 
  private:
   static std::size_t index(fp8::Role role) { return static_cast<std::size_t>(role); }

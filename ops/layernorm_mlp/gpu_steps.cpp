@@ -23,7 +23,7 @@ namespace tapegrad::detail::mlp {
 namespace {
 
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
-void* bytes_of(std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
+void* bytes_of(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
 
 // Weight w of `params` as the products read it (s.quantizer's weight(): rounded to T, its padding queued on `pads`, or
 // quantized, in both layouts).
@@ -164,12 +164,16 @@ template <class T, class P> class GpuSteps {
   }
 
   // From z and da: dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial
-  // rows; with delayed scaling the kernel writes dz's codes and a's transposed codes instead, and z and da go.
+  // rows. Where the recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their
+  // transpose (delayed scaling), a's transpose (delayed and current scaling: a's scale is the forward's), and then
+  // dz's amax beside dz (current scaling); z and da go.
   ActivationBackward activation_backward(Tensor<T> z, Tensor<T> da, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
     const auto dz_target = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
-    const bool codes = dz_target.has_value();
+    std::optional<Fp8Target> a_target;
+    if (a_layouts.rows || dz_target) a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
+    const bool codes = dz_target || a_target;
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
     if (need_db1) {
@@ -181,23 +185,30 @@ template <class T, class P> class GpuSteps {
     }
     ActivationBackward out;
     if (codes) {
-      auto a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
-      Fp8Codes dz_codes = dz_target->codes;
-      cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data(), da.data(),
-                                          {.dz_format = dz_codes.format,
-                                           .dz_scale = dz_target->scale,
-                                           .dz_codes = bytes_of(dz_codes.codes),
-                                           .dz_transposed = bytes_of(dz_codes.transposed),
-                                           .dz_amax = dz_target->amax,
-                                           .a_scale = a_target->scale,
-                                           .a_transposed = bytes_of(a_target->codes.transposed),
-                                           .transposed_ld = dz_codes.transposed_ld,
-                                           .dbias = db1 ? db1->data() : nullptr,
-                                           .partials = db1 ? partials.data() : nullptr,
-                                           .wide_dbias = ParamGrad<P, T>::wide},
-                                          M, F);
-      out.a = a_target->codes;
-      out.dz = dz_codes;
+      cuda::ActivationBackwardCodes args{.dbias = db1 ? db1->data() : nullptr,
+                                         .partials = db1 ? partials.data() : nullptr,
+                                         .wide_dbias = ParamGrad<P, T>::wide};
+      if (dz_target) {
+        const Fp8Codes& dz_codes = dz_target->codes;
+        args.dz_format = dz_codes.format;
+        args.dz_scale = dz_target->scale;
+        args.dz_codes = bytes_of(dz_codes.codes);
+        args.dz_transposed = bytes_of(dz_codes.transposed);
+        args.dz_amax = dz_target->amax;
+        args.transposed_ld = dz_codes.transposed_ld;
+        out.dz = dz_codes;
+      } else {
+        args.dz = z.data();
+        args.dz_amax = s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
+        out.dz = {z};
+      }
+      if (a_target) {
+        args.a_scale = a_target->scale;
+        args.a_transposed = bytes_of(a_target->codes.transposed);
+        args.transposed_ld = a_target->codes.transposed_ld;
+        out.a = a_target->codes;
+      }
+      cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data(), da.data(), args, M, F);
     } else {
       cuda::mlp_activation_backward(dtype_v<T>, device_.index, form_, z.data(), da.data(),
                                     {.dz = z.data(),

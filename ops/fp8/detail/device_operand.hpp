@@ -102,7 +102,8 @@ class DeviceRecipe {
   virtual Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const = 0;
   // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the
   // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads): delayed
-  // scaling's, and block scaling's for one layout of whole tiles along the rows, whose scales the kernel makes.
+  // scaling's, current scaling's in a later pass (the first made the step's scale), and block scaling's for one
+  // layout of whole tiles along the rows, whose scales the kernel makes.
   virtual std::optional<Fp8Target> target(fp8::Role role, std::int64_t rows, std::int64_t cols, Layouts layouts,
                                           Pass pass) const;
   // Where the kernel that makes role's tensor (the pass's first of the role) merges its amax, so that quantize() needs
