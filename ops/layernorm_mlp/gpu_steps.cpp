@@ -25,14 +25,18 @@ namespace {
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 void* bytes_of(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
 
-// Weight w of `params` as the products read it (s.quantizer's weight(): rounded to T, its padding queued on `pads`, or
-// quantized, in both layouts).
+// Weight w (W1's or W2's values) as the products of a node of `dims` read it (the quantizer's weight(): rounded to T,
+// its padding queued on `pads`, or quantized, in the layouts asked for).
 template <class T, class P>
-DeviceOperand<T> weight_operand(const GpuSaved<T>& s, const Params<P>& params, Weight w, Resizes<T>& pads) {
-  const auto [M, H, F, n] = s.dims;
-  const auto [Mp, Hp, Fp, np] = s.padded;
-  if (w == Weight::w2) return s.quantizer.weight(fp8::Role::kernel2, params.w2, Shape{F, H}, Shape{Fp, Hp}, pads);
-  return s.quantizer.weight(fp8::Role::kernel1, params.w1, Shape{H, n, F}, Shape{Hp, n, Fp}, pads);
+DeviceOperand<T> weight_operand(const DeviceQuantizer<T>& quantizer, const Dims& dims, const Dims& padded, Weight w,
+                                const Tensor<P>& values, Resizes<T>& pads,
+                                Layouts layouts = {.columns = true, .rows = true}, Pass pass = Pass::first) {
+  const auto [M, H, F, n] = dims;
+  const auto [Mp, Hp, Fp, np] = padded;
+  if (w == Weight::w2) {
+    return quantizer.weight(fp8::Role::kernel2, values, Shape{F, H}, Shape{Fp, Hp}, pads, layouts, pass);
+  }
+  return quantizer.weight(fp8::Role::kernel1, values, Shape{H, n, F}, Shape{Hp, n, Fp}, pads, layouts, pass);
 }
 
 template <class T, class P> class GpuSteps {
@@ -121,7 +125,7 @@ template <class T, class P> class GpuSteps {
     const auto [M, H, F, n] = s_.padded;
     if (!s_.w2.defined()) {
       Resizes<T> none;  // (a quantized weight pads nothing)
-      s_.w2 = weight_operand(s_, *params_, Weight::w2, none);
+      s_.w2 = weight_operand(s_.quantizer, s_.dims, s_.padded, Weight::w2, params_->w2, none);
     }
     Tensor<T> y(Shape{M, H}, device_);
     const void* b2 = sharding_.adds_replicated_terms() ? data_or_null(s_.b2) : nullptr;
@@ -158,7 +162,8 @@ template <class T, class P> class GpuSteps {
     if (!addend) dh = Tensor<T>(Shape{M, H}, device_);
     else if (H == s_.dims.hidden) dh = addend->reshape(Shape{M, H}).clone();
     else dh = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
-    s_.quantizer.product(g, s_.w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
+    const Operand w1 = s_.w1_codes && !s_.w1.codes.codes ? s_.w1_codes() : s_.w1;
+    s_.quantizer.product(g, w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
     give_up_codes(s_.w1);
     return dh;
   }
@@ -337,8 +342,18 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.x = pads.add(x.reshape(Shape{rows, H}), Shape{rows, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  s.w1 = weight_operand(s, params, Weight::w1, pads);
-  s.w2 = options.fp8 ? DeviceOperand<T>() : weight_operand(s, params, Weight::w2, pads);  // (fp8: second_product)
+  if (options.fp8 && !s.quantizer.caches_weights()) {
+    s.w1 = weight_operand(s.quantizer, dims, s.padded, Weight::w1, params.w1, pads, {.rows = true});
+    s.w1_codes = [quantizer = s.quantizer, dims, padded = s.padded, w1 = params.w1] {
+      Resizes<T> none;  // (a quantized weight pads nothing)
+      return weight_operand(quantizer, dims, padded, Weight::w1, w1, none, {.columns = true}, Pass::later);
+    };
+  } else {
+    s.w1 = weight_operand(s.quantizer, dims, s.padded, Weight::w1, params.w1, pads);
+    s.w1_codes = nullptr;
+  }
+  // (fp8: second_product's)
+  if (!options.fp8) s.w2 = weight_operand(s.quantizer, dims, s.padded, Weight::w2, params.w2, pads);
   if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
   if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
   pads.run();

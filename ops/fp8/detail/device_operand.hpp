@@ -184,28 +184,32 @@ template <class T> class DeviceQuantizer {
   }
 
   // Weight `role` [shape] (in P) padded to `padded`, as the products read it: rounded to T (its padding queued on
-  // `pads`), or quantized in both layouts from P itself where the kernels read it (as the CPU quantizes it), f64 by
-  // way of f32 (which is what the CPU's quantization reads of it); with a weight cache, the copy it holds of w.
+  // `pads`), or quantized from P itself where the kernels read it (as the CPU quantizes it), f64 by way of f32 (which
+  // is what the CPU's quantization reads of it), in the layouts asked for (a later pass: at the step's scale); with a
+  // weight cache, the copy it holds of w, in both layouts.
   template <class P>
   DeviceOperand<T> weight(fp8::Role role, const Tensor<P>& w, const Shape& shape, const Shape& padded,
-                          Resizes<T>& pads) const {
+                          Resizes<T>& pads, Layouts layouts = {.columns = true, .rows = true},
+                          Pass pass = Pass::first) const {
     if (!recipe_) return pads.add(cast<T>(w).reshape(shape), padded);
     const auto quantize = [&] {
       using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
-      const Layouts both{.columns = true, .rows = true};
       const Tensor<Q> wq = cast<Q>(w);
       const std::int64_t rows = shape.dim(0), padded_rows = padded.dim(0), last = shape.dim(shape.rank() - 1);
       const std::int64_t cols = shape.numel() / rows, padded_cols = padded.numel() / padded_rows;
       // A row of one part is padded at its end, by the quantization itself; a gated W1's two parts each, by a copy.
       if (cols == last) return recipe_->quantize(role, {dtype_v<Q>, wq.data(), rows, cols, padded_rows, padded_cols},
-                                                 both, Pass::first);
+                                                 layouts, pass);
       const Tensor<Q> wp = resized(wq.reshape(shape), padded);
-      return recipe_->quantize(role, {dtype_v<Q>, wp.data(), padded_rows, padded_cols, padded_rows, padded_cols}, both,
-                               Pass::first);
+      return recipe_->quantize(role, {dtype_v<Q>, wp.data(), padded_rows, padded_cols, padded_rows, padded_cols},
+                               layouts, pass);
     };
-    const auto& cache = recipe_->quantization().weight_cache;
-    return cache ? cache->copy<Fp8Codes>(role, w, padded, quantize) : quantize();
+    if (!caches_weights()) return quantize();
+    layouts = {.columns = true, .rows = true};  // (what quantize reads: a cached copy serves every product)
+    return recipe_->quantization().weight_cache->copy<Fp8Codes>(role, w, padded, quantize);
   }
+  // Whether weight() keeps the weights' codes from op to op (in both layouts), in a weight cache.
+  bool caches_weights() const { return recipe_ && recipe_->quantization().weight_cache; }
 
   // Input `role` (values [rows, cols], padded) in the layouts asked for; an operand that is already quantized stays
   // as it is.

@@ -20,6 +20,8 @@
 // loads.
 #pragma once
 
+#include <functional>
+
 #include "tapegrad/cuda/norm.hpp"
 #include "tapegrad/ops/fp8/detail/device_operand.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/types.hpp"
@@ -38,7 +40,10 @@ template <class T> struct GpuSaved {
   DeviceQuantizer<T> quantizer;
   // W1 [H, nF], W2 [F, H]; with fp8 their codes (W2's made by the forward's second product), W1's transpose only
   // where z is remade; the backward gives up each one's codes after its last product, but under recompute_all.
+  // Without a weight cache the forward makes W1's transpose alone (GEMM1's), and dh's product W1's codes again from
+  // the parameter (w1_codes): they are not held through the step.
   DeviceOperand<T> w1, w2;
+  std::function<DeviceOperand<T>()> w1_codes;
   Tensor<T> b1, b2;         // undefined when absent
   DeviceOperand<T> h;       // [M, H], as dW1 reads it; kept by policy
   Tensor<T> z;              // [M, nF]; kept by policy
