@@ -6,9 +6,11 @@
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "tapegrad/cuda/fp8_codes.cuh"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 
 namespace tapegrad::cuda {
@@ -172,5 +174,15 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
     }
   });
 }
+
+namespace {
+std::atomic<std::int64_t> min_product{default_fp8_min_product};
+}  // namespace
+
+void set_fp8_min_product(std::int64_t multiply_adds) {
+  check(multiply_adds >= 0, "cuda::set_fp8_min_product", "the size must be >= 0, got ", multiply_adds);
+  min_product.store(multiply_adds, std::memory_order_relaxed);
+}
+std::int64_t fp8_min_product() { return min_product.load(std::memory_order_relaxed); }
 
 }  // namespace tapegrad::cuda

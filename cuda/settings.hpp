@@ -1,5 +1,5 @@
-// The process-wide choices of the GPU kernels that users may set: TF32 for f32 products, GEMM autotuning, and
-// which kernel runs an elementwise program. Each takes effect for the work queued after it.
+// The process-wide choices of the GPU kernels that users may set: TF32 for f32 products, GEMM autotuning, the size
+// from which fp8 products pay, which kernel runs an elementwise program, and attention's kernels. Each takes effect for the work queued after it.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,16 @@ bool allow_tf32();
 // heuristic choice either way.
 void set_gemm_autotune(bool enable);
 bool gemm_autotune();
+
+// From what size an op's fp8 quantization runs on a GPU (process-wide): an op asked for FP8 products (layernorm_mlp's
+// options.fp8, fp8_dense) whose product is smaller than this, in multiply-adds (layernorm_mlp: M·H·F, as GEMM2's;
+// fp8_dense: M·K·N), runs its products unquantized in its compute dtype, as without fp8, and leaves delayed scaling's
+// state as it is: below it the quantization's passes and launches cost more than the FP8 tensor cores save (a
+// cuBLASLt-like dispatch, measured in bench/RESULTS.md). 0: every size is quantized. No effect on the CPU, where the
+// products are always quantized.
+inline constexpr std::int64_t default_fp8_min_product = std::int64_t{1} << 32;
+void set_fp8_min_product(std::int64_t multiply_adds);
+std::int64_t fp8_min_product();
 
 // Which kernel runs an elementwise program (cuda/elementwise.hpp): one made for it (cuda/element_jit.hpp: compiled by NVRTC once per program shape, then
 // kept; straight-line code, near the card's bandwidth) or the one kernel that interprets every program (no

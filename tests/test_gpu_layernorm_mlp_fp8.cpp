@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -32,6 +33,7 @@
 
 #include "fp8_mlp_cases.hpp"
 #include "gpu_reference.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/ops/fp8/detail/state_on_device.hpp"
 #include "tapegrad/tensor/gpu/graph.hpp"
 
@@ -442,6 +444,53 @@ TEST_CASE("a second fp8 backward on the GPU under retain_graph repeats the first
     }
     Tape::active().clear();
   }
+}
+
+TEST_CASE("below cuda::fp8_min_product the fp8 node and fp8_dense run unquantized and leave the state as it is") {
+  struct EverySizeAgain {  // (what the GPU tests run with: tests/gpu_main.cpp)
+    ~EverySizeAgain() { cuda::set_fp8_min_product(0); }
+  } every_size_again;
+  const Case c{};
+  const std::int64_t M = 24, H = 32, F = 48;
+  const Tensor<float> x = randn<float>({M, H}, 7, 0.2, 1.0).to(gpu);
+  const Params<float> p = params_in<float>(make_params<float>(c, H, F, 8), gpu);
+  const LayerNormMLPOptions plain = c.options;
+  LayerNormMLPOptions quantized = c.options;
+  quantized.fp8 = fp8_quantization(fp8::DelayedScaling{});
+  const fp8::ScalingState& state = *quantized.fp8->state;
+  const auto unquantized = step(x, p, plain, 9);
+  const auto same_as_unquantized = [&](const auto& got) {
+    bool same = test::bitwise_equal(got.y, unquantized.y);
+    for (std::size_t i = 0; i < got.grads.size(); ++i) same = same && test::bitwise_equal(got.grads[i], unquantized.grads[i]);
+    return same;
+  };
+  cuda::set_fp8_min_product(M * H * F + 1);
+  CHECK(same_as_unquantized(step(x, p, quantized, 9)));
+  CHECK(state.steps() == 0);
+  CHECK(!state.pending());
+  cuda::set_fp8_min_product(M * H * F);  // from this size on: quantized
+  CHECK(!same_as_unquantized(step(x, p, quantized, 9)));
+  CHECK(state.pending());
+
+  // fp8_dense: y = x · kernel + bias with M·K·N = 24·32·48.
+  const Tensor<float> kernel = randn<float>({H, F}, 10, 0.0, 0.2).to(gpu), bias = randn<float>({F}, 11).to(gpu);
+  const auto dense = [&](const std::optional<Fp8Quantization>& q) {
+    const Var<float> xv = param(x), k = param(kernel), b = param(bias);
+    const Var<float> y = q ? fp8_dense(xv, k, b, *q) : matmul(xv, k) + b;
+    backward(sum(y * y));
+    return std::vector<Tensor<float>>{y.value().to(Device::cpu()), xv.grad().to(Device::cpu()),
+                                      k.grad().to(Device::cpu()), b.grad().to(Device::cpu())};
+  };
+  const Fp8Quantization current = fp8_quantization(fp8::CurrentScaling{});
+  cuda::set_fp8_min_product(M * H * F + 1);
+  const auto below = dense(current), reference = dense(std::nullopt);
+  for (std::size_t i = 0; i < below.size(); ++i) {
+    CAPTURE(i);
+    CHECK(test::relative_error(below[i], cast<double>(reference[i])) <= 1e-6);  // (matmul + b: other kernels' sums)
+  }
+  cuda::set_fp8_min_product(M * H * F);
+  CHECK(test::relative_error(dense(current)[0], cast<double>(reference[0])) > 1e-4);
+  CHECK_THROWS_WITH_AS(cuda::set_fp8_min_product(-1), doctest::Contains("the size must be >= 0, got -1"), Error);
 }
 
 TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {

@@ -1,15 +1,19 @@
 #include "tapegrad/ops/fp8/detail/dense_gpu.hpp"
 
+#include "tapegrad/cuda/settings.hpp"
+
 namespace tapegrad::detail {
 
 template <class T, class P>
 Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, const std::optional<fp8::AmaxGroup>& group,
                                const Tensor<T>& x, const Tensor<P>& kernel, const Tensor<P>* bias) {
   const Device device = x.device();
-  s.quantizer = DeviceQuantizer<T>("fp8_dense", q, device, group);  // (delayed scaling: ends the state's previous step first)
   s.M = x.dim(0);
   s.K = x.dim(1);
   s.N = kernel.dim(1);
+  // (delayed scaling: ends the state's previous step first; a product too small for fp8 to pay, unquantized)
+  s.quantizer = s.M * s.K * s.N < cuda::fp8_min_product() ? DeviceQuantizer<T>()
+                                                          : DeviceQuantizer<T>("fp8_dense", q, device, group);
   s.padded_K = s.quantizer.padded(s.K);
   s.padded_N = s.quantizer.padded(s.N);
   const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;

@@ -12,6 +12,7 @@
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/stages.hpp"
 #include "tapegrad/tensor/detail/accumulate.hpp"
@@ -326,9 +327,12 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   const auto [M, H, F, n] = dims;
   const Device device = x.device();
   s.options = options;
+  if (options.fp8 && M * H * F < cuda::fp8_min_product()) s.options.fp8.reset();  // (too small for fp8 to pay)
+  const bool quantized = s.options.fp8.has_value();
   s.dims = dims;
   // (delayed: ends the state's last step)
-  s.quantizer = DeviceQuantizer<T>("layernorm_mlp", options.fp8, device, Sharding(options.tensor_parallel).amax_group());
+  s.quantizer =
+      DeviceQuantizer<T>("layernorm_mlp", s.options.fp8, device, Sharding(options.tensor_parallel).amax_group());
   s.padded = {M, s.quantizer.padded(H), s.quantizer.padded(F), n};
   const std::int64_t Hp = s.padded.hidden, Fp = s.padded.ffn;
   const std::int64_t rows = M / Sharding(options.tensor_parallel).row_factor();  // this rank's rows of x
@@ -342,7 +346,7 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.x = pads.add(x.reshape(Shape{rows, H}), Shape{rows, Hp});
   s.gamma = cast<T>(params.gamma);
   if (params.beta) s.beta = cast<T>(*params.beta);
-  if (options.fp8 && !s.quantizer.caches_weights()) {
+  if (quantized && !s.quantizer.caches_weights()) {
     s.w1 = weight_operand(s.quantizer, dims, s.padded, Weight::w1, params.w1, pads, {.rows = true});
     s.w1_codes = [quantizer = s.quantizer, dims, padded = s.padded, w1 = params.w1] {
       Resizes<T> none;  // (a quantized weight pads nothing)
@@ -353,7 +357,7 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
     s.w1_codes = nullptr;
   }
   // (fp8: second_product's)
-  if (!options.fp8) s.w2 = weight_operand(s.quantizer, dims, s.padded, Weight::w2, params.w2, pads);
+  if (!quantized) s.w2 = weight_operand(s.quantizer, dims, s.padded, Weight::w2, params.w2, pads);
   if (params.b1) s.b1 = pads.add(cast<T>(*params.b1).reshape(Shape{n, F}), Shape{n, Fp});
   if (params.b2) s.b2 = pads.add(cast<T>(*params.b2), Shape{Hp});
   pads.run();
