@@ -28,7 +28,8 @@ bool gemm_autotune();
 // fp8_dense: M·K·N), runs its products unquantized in its compute dtype, as without fp8, and leaves delayed scaling's
 // state as it is: below it the quantization's passes and launches cost more than the FP8 tensor cores save (a
 // cuBLASLt-like dispatch, measured in bench/RESULTS.md). 0: every size is quantized. No effect on the CPU, where the
-// products are always quantized.
+// products are always quantized, nor under tensor parallelism (an amax group), whose ranks must all quantize or none.
+// A create_graph backward refuses fp8 at every size.
 inline constexpr std::int64_t default_fp8_min_product = std::int64_t{1} << 32;
 void set_fp8_min_product(std::int64_t multiply_adds);
 std::int64_t fp8_min_product();

@@ -11,9 +11,10 @@ Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, cons
   s.M = x.dim(0);
   s.K = x.dim(1);
   s.N = kernel.dim(1);
-  // (delayed scaling: ends the state's previous step first; a product too small for fp8 to pay, unquantized)
-  s.quantizer = s.M * s.K * s.N < cuda::fp8_min_product() ? DeviceQuantizer<T>()
-                                                          : DeviceQuantizer<T>("fp8_dense", q, device, group);
+  // (delayed scaling: ends the state's previous step first; a product too small for fp8 to pay runs unquantized, but
+  // in an amax group, whose ranks must all quantize or none)
+  const bool pays = group || s.M * s.K * s.N >= cuda::fp8_min_product();
+  s.quantizer = pays ? DeviceQuantizer<T>("fp8_dense", q, device, group) : DeviceQuantizer<T>();
   s.padded_K = s.quantizer.padded(s.K);
   s.padded_N = s.quantizer.padded(s.N);
   const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;

@@ -179,7 +179,9 @@ template <class T, class P> class GpuSteps {
     const auto dz_target = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
     std::optional<Fp8Target> a_target;
     if (a_layouts.rows || dz_target) a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
-    const bool codes = dz_target || a_target;
+    // (current scaling: whether or not a's codes are asked for, so that db1's sums are the same either way)
+    float* const dz_amax = dz_target ? nullptr : s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
+    const bool codes = dz_target || a_target || dz_amax;
     std::optional<ParamGrad<P, T>> db1;
     Tensor<C> partials;
     if (need_db1) {
@@ -205,7 +207,7 @@ template <class T, class P> class GpuSteps {
         out.dz = dz_codes;
       } else {
         args.dz = z.data();
-        args.dz_amax = s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
+        args.dz_amax = dz_amax;
         out.dz = {z};
       }
       if (a_target) {
@@ -327,7 +329,9 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   const auto [M, H, F, n] = dims;
   const Device device = x.device();
   s.options = options;
-  if (options.fp8 && M * H * F < cuda::fp8_min_product()) s.options.fp8.reset();  // (too small for fp8 to pay)
+  // Too small for fp8 to pay; not under tensor parallelism, whose ranks must all quantize or none (their shards of F
+  // may differ in size).
+  if (options.fp8 && !options.tensor_parallel && M * H * F < cuda::fp8_min_product()) s.options.fp8.reset();
   const bool quantized = s.options.fp8.has_value();
   s.dims = dims;
   // (delayed: ends the state's last step)
