@@ -31,6 +31,14 @@ double peak_extra_mib(const std::function<void()>& run, int device) {
   return static_cast<double>(tapegrad::cuda::memory_stats(device).peak_in_use - before) / (1 << 20);
 }
 
+double held_after_mib(const std::function<void()>& run, int device) {
+  tapegrad::cuda::synchronize(device);
+  const std::size_t before = tapegrad::cuda::memory_stats(device).in_use;
+  run();
+  tapegrad::cuda::synchronize(device);
+  return (static_cast<double>(tapegrad::cuda::memory_stats(device).in_use) - static_cast<double>(before)) / (1 << 20);
+}
+
 std::optional<std::string> failure_of(const std::function<void()>& run, int device) {
   try {
     run();

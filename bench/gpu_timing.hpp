@@ -22,6 +22,8 @@ inline Timing measure_gpu(const std::function<void()>& run, int device = 0) {
 // before (inputs and parameters), as the peers' peak_extra_mib. Run it after the timed repetitions, which leave the
 // pool warm.
 double peak_extra_mib(const std::function<void()>& run, int device = 0);
+// The device memory in use after run() beyond what was in use before it, in MiB (what run() made and still holds).
+double held_after_mib(const std::function<void()>& run, int device = 0);
 
 // Runs one case of a group. If it throws tapegrad::Error (above all OutOfMemoryError: a case too large for the
 // device), clears the tape, waits for the device and returns the message, for the group to report and go on.

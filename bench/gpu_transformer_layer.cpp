@@ -2,9 +2,10 @@
 // bench/peer_transformer_layer.py times for the peers (PyTorch eager, torch.compile, JAX jit) on the same math:
 // pre-norm, x + out(attention(qkv(LN(x)))) with causal attention, then + the MLP of LN(.) with GELU (tanh); biases
 // everywhere, LayerNorm epsilon 1e-5, bf16 parameters and compute, B·S = 8192 tokens. Medians of CUDA-event timings,
-// TFLOP/s on the step's GEMM and attention flops, and the step's peak extra device memory; a configuration that
-// fails reports the error on its line. Each configuration runs in bf16 and with fp8 delayed scaling on the dense
-// parts (qkv, out and the MLP's two GEMMs; the attention stays bf16), TransformerEngine's default recipe.
+// TFLOP/s on the step's GEMM and attention flops, the step's peak extra device memory and what its forward holds for
+// the backward (held_after_forward_mib); a configuration that fails reports the error on its line. Each configuration
+// runs in bf16 and with fp8 delayed scaling on the dense parts (qkv, out and the MLP's two GEMMs; the attention stays
+// bf16), TransformerEngine's default recipe.
 #include <optional>
 
 #include "gpu_timing.hpp"
@@ -24,6 +25,10 @@ void run_config(const LayerShape& c, const std::optional<fp8::Recipe>& fp8) {
   const auto step = [&] { layer_step(); };
   const Timing t = measure_gpu(step);
   const double peak = peak_extra_mib(step);
+  // What the forward holds for the backward (y included), as peer_transformer_layer.py reports torch eager's.
+  Var<bf16> y;
+  const double held = held_after_mib([&] { y = layer_step.forward(); });
+  layer_step.backward(y);
   JsonLine("gpu_transformer_layer")
       .str("config", c.name)
       .shape({c.B, c.S, c.H, c.heads, c.F}, "b_s_h_heads_f")
@@ -32,6 +37,7 @@ void run_config(const LayerShape& c, const std::optional<fp8::Recipe>& fp8) {
       .num("median_ms", t.median_ns * 1e-6)
       .num("tflops", layer_step_flops(c) / t.median_ns * 1e-3)
       .num("peak_extra_mib", peak)
+      .num("held_after_forward_mib", held)
       .timing(t);
 }
 

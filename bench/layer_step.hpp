@@ -41,8 +41,11 @@ class LayerStep {
         dy_(tapegrad::randn<tapegrad::bf16>({c.B, c.S, c.H}, 2, 0.0, 1.0, device)),
         parameters_(layer_.parameters()) {}
 
-  void operator()() const {
-    tapegrad::backward(layer_(x_), dy_);
+  void operator()() const { backward(forward()); }
+  // The step in its two halves (what the forward holds for the backward shows between them).
+  tapegrad::Var<tapegrad::bf16> forward() const { return layer_(x_); }
+  void backward(const tapegrad::Var<tapegrad::bf16>& y) const {
+    tapegrad::backward(y, dy_);
     for (const tapegrad::nn::NamedParameter& p : parameters_) std::visit([](auto v) { v.zero_grad(); }, p.var);
     tapegrad::Var<tapegrad::bf16>(x_).zero_grad();
     tapegrad::Tape::active().clear();

@@ -11,11 +11,13 @@ F.scaled_dot_product_attention (PyTorch's choice of backend) and jax.nn.dot_prod
 'cudnn'). A step is the forward and the backward into every parameter and x (JAX: jit of the vjp, the output
 returned too). One JSON line per (config, system): median ms (CUDA events; JAX: wall time until ready), TFLOP/s on
 gpu_transformer_layer's count, peak extra MiB (torch); "error" where a system fails. "floor_products_attention":
-the step's twelve GEMMs and cuDNN's attention alone, what no layer can go below at those kernels' rates.
+the step's twelve GEMMs and cuDNN's attention alone, what no layer can go below at those kernels' rates. A
+"forward" line per config: what PyTorch eager's forward holds for the backward (held_after_forward_mib).
 
 usage: peer_transformer_layer.py [torch] [jax] [config names]    (none named: all; as peer_attention.py, torch and
        jax are best run in separate processes)
 """
+import json
 import os
 import sys
 
@@ -84,6 +86,21 @@ def bench_torch(B, S, H, heads, Fd, compiled):
     return cuda_time_and_peak(autograd_step(torch.compile(f) if compiled else f, [x] + params, dy))
 
 
+def torch_held_after_forward(B, S, H, heads, Fd):
+    """What PyTorch eager's forward holds for the backward (y included), in MiB, as gpu_transformer_layer's
+    held_after_forward_mib."""
+    x, dy, params = make_layer_inputs(B, S, H, Fd)
+    for t in [x] + params:
+        t.requires_grad_(True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    y = torch_layer(heads)(x, *params)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    y.backward(dy)
+    return round(held / 2**20, 1)
+
+
 def bench_jax(B, S, H, heads, Fd):
     x, dy, params = make_layer_inputs(B, S, H, Fd)
     x, dy, *params = to_jax([x, dy] + params)
@@ -130,6 +147,9 @@ def main(argv):
         for system, bench in systems:
             print_record(dict(config=name, b_s_h_heads_f=config, dtype="bf16", system=system, mode="forward_backward"),
                          bench, step_flops(*config))
+        if "torch" in frameworks:
+            print(json.dumps(dict(config=name, b_s_h_heads_f=config, dtype="bf16", system="torch_eager", mode="forward",
+                                  held_after_forward_mib=torch_held_after_forward(*config))), flush=True)
 
 
 if __name__ == "__main__":
