@@ -30,7 +30,6 @@ constexpr int run = 8;
 constexpr int threads = 256;
 constexpr int runs_across = tile / run;                // 8 runs make a tile's row
 constexpr int rows_per_pass = threads / runs_across;  // the tile's rows the block converts at once: 32
-constexpr int passes = tile / rows_per_pass;           // a thread's rows of a tile: 2
 // About 2048 blocks over the problem, as the plain backward's chunks.
 constexpr std::int64_t target_blocks = 2048;
 
@@ -102,30 +101,19 @@ __global__ void __launch_bounds__(threads)
   unsigned int amax = 0;
   C sum0[run] = {}, sum1[run] = {};
   for (std::int64_t r0 = first; r0 < last; r0 += tile) {
-    // The thread's runs of the tile's rows, all loaded (as stored) before the first is converted: the loads of
-    // every row are in flight together.
-    Pack<S, run> z0s[passes], z1s[passes], das[passes];
-#pragma unroll
-    for (int k = 0; k < passes; ++k) {
-      const std::int64_t r = r0 + i_first + k * rows_per_pass;
-      if (in_columns && r < rows) {
-        z0s[k] = *reinterpret_cast<const Pack<S, run>*>(b.z + r * width * F + c);
-        if (width == 2) z1s[k] = *reinterpret_cast<const Pack<S, run>*>(b.z + r * width * F + F + c);
-        das[k] = *reinterpret_cast<const Pack<S, run>*>(b.da + r * F + c);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < passes; ++k) {
-      const int i = i_first + k * rows_per_pass;
+    for (int i = i_first; i < tile; i += rows_per_pass) {
       const std::int64_t r = r0 + i;
       alignas(8) std::uint8_t qa[run] = {}, q0[run] = {}, q1[run] = {};  // zero codes past the rows
       if (in_columns && r < rows) {
+        float z0[run], z1[run], da[run];
         alignas(16) S dz0[run], dz1[run];
+        load_run(b.z + r * width * F + c, z0);
+        if (width == 2) load_run(b.z + r * width * F + F + c, z1);
+        load_run(b.da + r * F + c, da);
 #pragma unroll
         for (int v = 0; v < run; ++v) {
-          const BackwardElement<S> e =
-              backward_element<Fixed, S>(act, width, to_compute<C>(z0s[k].v[v]),
-                                         width == 2 ? to_compute<C>(z1s[k].v[v]) : C(0), to_compute<C>(das[k].v[v]));
+          const BackwardElement<S> e = backward_element<Fixed, S>(act, width, C(z0[v]), width == 2 ? C(z1[v]) : C(0),
+                                                                  C(da[v]));
           dz0[v] = e.dz0;
           dz1[v] = e.dz1;
           sum0[v] += to_compute<C>(e.dz0);
@@ -138,7 +126,7 @@ __global__ void __launch_bounds__(threads)
           }
           qa[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(e.a) * a_scale);
         }
-        if (b.dz) {  // (every run of z this thread reads was read above: dz may be written over it)
+        if (b.dz) {  // (z's run was read above: dz may be written over it)
           store_values(b.dz + r * width * F + c, dz0);
           if (width == 2) store_values(b.dz + r * width * F + F + c, dz1);
         }
