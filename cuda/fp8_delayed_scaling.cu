@@ -1,9 +1,10 @@
-// Delayed scaling's step on the device (fp8_delayed_scaling.hpp): one block ends a step, role by role, each role's
-// history maximum reduced by the block over the f32 bits of the amaxes (non-negative, and a zero +0: restore() makes
+// Delayed scaling's step on the device (fp8_delayed_scaling.hpp): one block ends a step, a warp per role, each role's
+// history maximum reduced by its warp over the f32 bits of the amaxes (non-negative, and a zero +0: restore() makes
 // a -0 +0, so they order as the values do): the same scales, bit for bit, as the host's ScalingState::update.
 #include "tapegrad/cuda/fp8_delayed_scaling.hpp"
 
 #include <cmath>
+#include <cstdint>
 
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/core/fp8.hpp"
@@ -16,30 +17,18 @@ namespace {
 
 constexpr int update_threads = 256;
 
-// The maximum of every thread's m over the block, returned to every thread.
-__device__ unsigned int block_max(unsigned int m) {
-  __shared__ unsigned int warps[update_threads / 32];
-  __shared__ unsigned int result;
-  m = __reduce_max_sync(0xffffffffu, m);
-  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warps[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < update_threads / 32 ? warps[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) result = m;
-  }
-  __syncthreads();
-  return result;
-}
-
-// Ends the step (ScalingState::update); called by every thread of the one block.
+// Ends the step (ScalingState::update); called by every thread of the one block, whose warp r takes role r (the
+// roles' chains of loads run side by side: a step's end costs one history's reads, not one per role).
 __device__ void end_step(const DelayedScalingState& s) {
+  static_assert(update_threads / 32 >= max_roles);
+  __shared__ float newest[max_roles];
   __shared__ int refused_at;
+  if (threadIdx.x < s.roles) newest[threadIdx.x] = s.amaxes[threadIdx.x];
+  __syncthreads();
   if (threadIdx.x == 0) {
     refused_at = -1;
     for (int r = 0; r < s.roles && refused_at < 0; ++r) {
-      if (!isfinite(s.amaxes[r])) refused_at = r;
+      if (!isfinite(newest[r])) refused_at = r;
     }
   }
   __syncthreads();
@@ -49,7 +38,7 @@ __device__ void end_step(const DelayedScalingState& s) {
         s.counters[refused] = 1;
         s.counters[refused_role] = refused_at;
         s.counters[refused_step] = s.counters[steps_done];
-        s.counters[refused_amax] = s.amaxes[refused_at];
+        s.counters[refused_amax] = newest[refused_at];
       }
       for (int r = 0; r < s.roles; ++r) s.amaxes[r] = 0.0f;
       s.counters[step_open] = 0;
@@ -58,18 +47,19 @@ __device__ void end_step(const DelayedScalingState& s) {
   }
   const auto done = static_cast<long long>(s.counters[steps_done]);
   const int slot = s.ring_length > 0 ? static_cast<int>(done % s.ring_length) : 0;
-  for (int r = 0; r < s.roles; ++r) {
-    const float newest = s.amaxes[r];  // (read by thread 0 alone, which writes it below)
-    unsigned int m = threadIdx.x == 0 ? __float_as_uint(newest) : 0u;
+  const int r = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  if (r < s.roles) {
+    // The history's maximum over the f32 bits (see above), this lane's entries, then the warp's.
+    unsigned int m = lane == 0 ? __float_as_uint(newest[r]) : 0u;
     if (!s.most_recent) {
-      for (int i = threadIdx.x; i < s.ring_length; i += update_threads) {
-        m = max(m, __float_as_uint(s.ring[r * s.ring_length + i]));
-      }
+      const float* ring = s.ring + static_cast<std::int64_t>(r) * s.ring_length;
+#pragma unroll 8
+      for (int i = lane; i < s.ring_length; i += 32) m = max(m, __float_as_uint(ring[i]));
     }
-    m = block_max(m);
-    if (threadIdx.x == 0) {
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) {
       s.scales[r] = fp8::delayed_scale_by(__uint_as_float(m), s.scales[r], s.max_values[r], s.margin_factor);
-      if (s.ring_length > 0) s.ring[r * s.ring_length + slot] = newest;
+      if (s.ring_length > 0) s.ring[static_cast<std::int64_t>(r) * s.ring_length + slot] = newest[r];
       s.amaxes[r] = 0.0f;
     }
   }
