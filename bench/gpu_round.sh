@@ -19,6 +19,8 @@
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
 #                           NCU_PRECISION=delayed|current|block: the products in fp8)
+#     ncukernel:<regex>     ncu's full sections for the kernels whose names match, in one (4096, 1024, 4096)
+#                           step (NCU_PRECISION as above): why a kernel is slow        -> ncu_kernel.txt
 #     nculayer              ncu per kernel of one TransformerLayer step (layer_4k, layer_1k;
 #                           NCU_PRECISION as above, default bf16)                           -> ncu_layer.csv
 #     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
@@ -92,6 +94,9 @@ for step in "$@"; do
           --metrics gpu__time_duration.sum --csv \
           $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} >>"$OUT/ncu.csv" 2>&1
       done ;;
+    ncukernel:*)
+      ncu --profile-from-start off --clock-control none --set full -k "regex:${step#ncukernel:}" \
+        $B/bench/layernorm_mlp_step 4096 1024 4096 gelu autotune ${NCU_PRECISION:-bf16} >>"$OUT/ncu_kernel.txt" 2>&1 ;;
     nculayer)
       for shape in "4 2048 4096 32 16384" "4 2048 1024 16 4096"; do
         echo "### $shape ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu_layer.csv"
