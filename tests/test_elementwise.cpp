@@ -14,6 +14,75 @@ using test::check_close;
 using test::exact;
 using test::Domain;
 
+namespace cases {
+UNARY_CASE(Negate, Domain::any, -x, -x)
+UNARY_CASE(Neg, Domain::any, neg(x), -x)
+UNARY_CASE(Exp, Domain::any, exp(x), std::exp(x))
+UNARY_CASE(Log, Domain::positive, log(x), std::log(x))
+UNARY_CASE(Sqrt, Domain::positive, sqrt(x), std::sqrt(x))
+UNARY_CASE(Rsqrt, Domain::positive, rsqrt(x), 1 / std::sqrt(x))
+UNARY_CASE(Square, Domain::any, square(x), x * x)
+UNARY_CASE(Abs, Domain::away_from_zero, abs(x), std::abs(x))
+UNARY_CASE(PowHalves, Domain::positive, pow(x, 2.5), std::pow(x, 2.5))
+UNARY_CASE(PowInteger, Domain::any, pow(x, 3), x * x * x)
+UNARY_CASE(PowNegative, Domain::positive, pow(x, -1.5), std::pow(x, -1.5))
+UNARY_CASE(PlusScalar, Domain::any, x + 2, x + 2)
+UNARY_CASE(ScalarPlus, Domain::any, 2 + x, 2 + x)
+UNARY_CASE(MinusScalar, Domain::any, x - 2, x - 2)
+UNARY_CASE(ScalarMinus, Domain::any, 2 - x, 2 - x)
+UNARY_CASE(TimesScalar, Domain::any, x * 2, x * 2)
+UNARY_CASE(ScalarTimes, Domain::any, 2.5f * x, 2.5 * x)
+UNARY_CASE(OverScalar, Domain::any, x / 3, x / 3)
+UNARY_CASE(ScalarOver, Domain::away_from_zero, 3 / x, 3 / x)
+
+BINARY_CASE(Add, Domain::any, Domain::any, x + y, x + y)
+BINARY_CASE(Sub, Domain::any, Domain::any, x - y, x - y)
+BINARY_CASE(Mul, Domain::any, Domain::any, x * y, x * y)
+BINARY_CASE(Div, Domain::any, Domain::away_from_zero, x / y, x / y)
+BINARY_CASE(Pow, Domain::positive, Domain::any, pow(x, y), std::pow(x, y))
+}  // namespace cases
+
+namespace {
+
+// Odd and small shapes, rank 0 to 3, and one large enough to run on the thread pool.
+const std::vector<Shape> unary_shapes{{}, {7}, {3, 5}, {2, 3, 4}, {129, 67}};
+
+// Operand shapes covering every broadcasting plan: flat, broadcast (merged to rank <= 4) and expand (more than
+// four merged axes), with rank-0 operands, both sides broadcasting, and a case large enough for the thread pool.
+const std::vector<std::pair<Shape, Shape>> binary_shapes{
+    {{3, 4}, {3, 4}},                          // flat
+    {{}, {}},                                  // flat, rank 0
+    {{3, 1}, {1, 4}},                          // both sides broadcast
+    {{}, {2, 3}},                              // rank-0 operand
+    {{2, 3}, {}},                              //
+    {{5}, {2, 3, 5}},                          // ranks differ
+    {{2, 1, 3}, {4, 1}},                       //
+    {{3, 1, 1, 5}, {1, 4, 2, 1}},              // merges to three axes
+    {{2, 1, 2, 1, 2, 1}, {1, 2, 1, 2, 1, 2}},  // six merged axes: the expand fallback
+    {{64, 1, 33}, {1, 40, 33}},                // large: on the thread pool
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("unary elementwise ops match a double reference, forward and backward", T, double, float, bf16,
+                   f16) {
+  test::for_each_case<cases::Negate, cases::Neg, cases::Exp, cases::Log, cases::Sqrt, cases::Rsqrt, cases::Square,
+                      cases::Abs, cases::PowHalves, cases::PowInteger, cases::PowNegative, cases::PlusScalar,
+                      cases::ScalarPlus, cases::MinusScalar, cases::ScalarMinus, cases::TimesScalar,
+                      cases::ScalarTimes, cases::OverScalar, cases::ScalarOver>([&]<class Case>() {
+    std::uint64_t seed = 100;
+    for (const Shape& shape : unary_shapes) test::check_unary<Case, T>(shape, seed += 10);
+  });
+}
+
+TEST_CASE_TEMPLATE("binary elementwise ops broadcast and match a double reference, forward and backward", T, double,
+                   float, bf16, f16) {
+  test::for_each_case<cases::Add, cases::Sub, cases::Mul, cases::Div, cases::Pow>([&]<class Case>() {
+    std::uint64_t seed = 200;
+    for (const auto& [x, y] : binary_shapes) test::check_binary<Case, T>(x, y, seed += 10);
+  });
+}
+
 TEST_CASE("the broadcast plan merges axes and falls back to expanding beyond four") {
   CHECK(plan_broadcast({{3, 4}, {3, 4}}, "op").kind == BroadcastPlan::Kind::flat);
   CHECK(plan_broadcast({{}, {}}, "op").kind == BroadcastPlan::Kind::flat);
