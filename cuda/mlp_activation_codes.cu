@@ -192,9 +192,8 @@ void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm
         out.transposed_ld, ") rounded up to ", fp8_row_alignment, " from ", rows);
   check((out.dz_scale || !(out.dz_codes || out.dz_transposed)) && (out.a_scale || !out.a_transposed), op,
         "the fused backward needs the scales of its codes");
-  const auto aligned = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
-  check(aligned(z, 16) && aligned(da, 16) && aligned(out.dz, 16) && aligned(out.dz_codes, 8) &&
-            aligned(out.dz_transposed, 8) && aligned(out.a_transposed, 8),
+  check(aligned_16(z) && aligned_16(da) && aligned_16(out.dz) && aligned_to(out.dz_codes, 8) &&
+            aligned_to(out.dz_transposed, 8) && aligned_to(out.a_transposed, 8),
         op, "the fused backward reads and writes 16-byte runs: z, da and dz must be 16-byte aligned, the codes 8");
   const std::int64_t chunk_count = chunks(covered, F);  // (none for no rows: dbias sums to zeros)
   if (covered > 0 && F > 0) {

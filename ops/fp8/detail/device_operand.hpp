@@ -192,21 +192,23 @@ template <class T> class DeviceQuantizer {
                           Resizes<T>& pads, Layouts layouts = {.columns = true, .rows = true},
                           Pass pass = Pass::first) const {
     if (!recipe_) return pads.add(cast<T>(w).reshape(shape), padded);
-    const auto quantize = [&] {
+    const auto quantize = [&](Layouts wanted) {
       using Q = std::conditional_t<std::is_same_v<P, double>, float, P>;
       const Tensor<Q> wq = cast<Q>(w);
       const std::int64_t rows = shape.dim(0), padded_rows = padded.dim(0), last = shape.dim(shape.rank() - 1);
       const std::int64_t cols = shape.numel() / rows, padded_cols = padded.numel() / padded_rows;
       // A row of one part is padded at its end, by the quantization itself; a gated W1's two parts each, by a copy.
       if (cols == last) return recipe_->quantize(role, {dtype_v<Q>, wq.data(), rows, cols, padded_rows, padded_cols},
-                                                 layouts, pass);
+                                                 wanted, pass);
       const Tensor<Q> wp = resized(wq.reshape(shape), padded);
       return recipe_->quantize(role, {dtype_v<Q>, wp.data(), padded_rows, padded_cols, padded_rows, padded_cols},
-                               layouts, pass);
+                               wanted, pass);
     };
-    if (!caches_weights()) return quantize();
-    layouts = {.columns = true, .rows = true};  // (what quantize reads: a cached copy serves every product)
-    return recipe_->quantization().weight_cache->copy<Fp8Codes>(role, w, padded, quantize);
+    if (!caches_weights()) return quantize(layouts);
+    // (a cached copy serves every product: both layouts)
+    return recipe_->quantization().weight_cache->copy<Fp8Codes>(role, w, padded, [&] {
+      return quantize({.columns = true, .rows = true});
+    });
   }
   // Whether weight() keeps the weights' codes from op to op (in both layouts), in a weight cache.
   bool caches_weights() const { return recipe_ && recipe_->quantization().weight_cache; }

@@ -55,8 +55,9 @@ template <class S, int V> struct alignas(sizeof(S) * V < 16 ? sizeof(S) * V : 16
   S v[V];
 };
 
-// Whether p may be read or written in 16-byte accesses.
-inline bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+// Whether p may be read or written in accesses of `bytes`, of 16 bytes.
+inline bool aligned_to(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+inline bool aligned_16(const void* p) { return aligned_to(p, 16); }
 
 // *to = pack, marked evict-first (a streaming store) where the pack is whole 16-byte accesses: for outputs far larger
 // than L2 that the next kernel reads from memory anyway, so they do not evict lines still being read.
