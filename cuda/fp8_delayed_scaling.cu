@@ -63,6 +63,7 @@ __device__ void end_step(const DelayedScalingState& s) {
       s.amaxes[r] = 0.0f;
     }
   }
+  __syncthreads();  // every warp has read steps_done (its slot) before it moves on
   if (threadIdx.x == 0) {
     s.counters[steps_done] = static_cast<double>(done + 1);
     s.counters[step_open] = 0;
