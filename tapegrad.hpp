@@ -16,6 +16,7 @@
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/fp8/recipe.hpp"
 #include "tapegrad/ops/fp8/dense.hpp"
+#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/ops/gradgradcheck.hpp"
 #include "tapegrad/ops/layernorm_mlp/layernorm_mlp.hpp"
 #include "tapegrad/ops/layernorm_mlp/composite.hpp"

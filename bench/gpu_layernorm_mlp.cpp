@@ -11,11 +11,15 @@
 // HYBRID format) and with block scaling; delayed and current scaling also with a weight cache ("_cached": the
 // micro-batches after the first, whose weights' codes the first made; they are held from step to step, so the peak
 // counts them as it counts the parameters). Delayed scaling's state stays on the device, so its steps capture too (each
-// replay's forward ends the previous step there).
+// replay's forward ends the previous step there). The fp8 steps are quantized at every shape (cuda::Fp8Dispatch::
+// always), the fp8 path's own times, from which bench/fp8_dispatch_fit.py fits the dispatch's model; "fp8_pays" says
+// what the default dispatch (where_it_pays) runs: this step where true, else the bf16 step.
 #include <optional>
 #include <string>
 
 #include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/settings.hpp"
+#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/tensor/gpu/graph.hpp"
 #include "gpu_mlp_block.hpp"
 #include "gpu_timing.hpp"
@@ -102,6 +106,10 @@ void run_config(const Config& c, const Precision& precision, bool autotune) {
         .num("tflops", m.flops / m.timing->median_ns * 1e-3)
         .timing(*m.timing);
     if (std::string(m.mode) == "forward_backward") line.num("peak_extra_mib", peak_extra);
+    if (block.options.fp8) {
+      const auto work = fp8::StepWork::layernorm_mlp(c.M, c.H, c.F, static_cast<int>(n));
+      line.num("fp8_pays", fp8::pays_on_gpu(*block.options.fp8, work) ? 1.0 : 0.0);
+    }
   }
 }
 
@@ -109,12 +117,14 @@ void run_config(const Config& c, const Precision& precision, bool autotune) {
 
 void gpu_layernorm_mlp() {
   if (!gpu_available("gpu_layernorm_mlp")) return;
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always);
   for (const bool autotune : {false, true}) {
     for (const Config& c : configs) {
       for (const Precision& p : precisions) run_config(c, p, autotune);
     }
   }
   cuda::set_gemm_autotune(false);
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::where_it_pays);
 }
 
 }  // namespace bench

@@ -176,13 +176,10 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
 }
 
 namespace {
-std::atomic<std::int64_t> min_product{default_fp8_min_product};
+std::atomic<Fp8Dispatch> dispatch{Fp8Dispatch::where_it_pays};
 }  // namespace
 
-void set_fp8_min_product(std::int64_t multiply_adds) {
-  check(multiply_adds >= 0, "cuda::set_fp8_min_product", "the size must be >= 0, got ", multiply_adds);
-  min_product.store(multiply_adds, std::memory_order_relaxed);
-}
-std::int64_t fp8_min_product() { return min_product.load(std::memory_order_relaxed); }
+void set_fp8_dispatch(Fp8Dispatch d) { dispatch.store(d, std::memory_order_relaxed); }
+Fp8Dispatch fp8_dispatch() { return dispatch.load(std::memory_order_relaxed); }
 
 }  // namespace tapegrad::cuda

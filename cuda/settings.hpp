@@ -1,5 +1,5 @@
-// The process-wide choices of the GPU kernels that users may set: TF32 for f32 products, GEMM autotuning, the size
-// from which fp8 products pay, which kernel runs an elementwise program, and attention's kernels. Each takes effect for the work queued after it.
+// The process-wide choices of the GPU kernels that users may set: TF32 for f32 products, GEMM autotuning, where fp8
+// products run, which kernel runs an elementwise program, and attention's kernels. Each takes effect for the work queued after it.
 #pragma once
 
 #include <cstdint>
@@ -23,16 +23,16 @@ bool allow_tf32();
 void set_gemm_autotune(bool enable);
 bool gemm_autotune();
 
-// From what size an op's fp8 quantization runs on a GPU (process-wide): an op asked for FP8 products (layernorm_mlp's
-// options.fp8, fp8_dense) whose product is smaller than this, in multiply-adds (layernorm_mlp: M·H·F, as GEMM2's;
-// fp8_dense: M·K·N), runs its products unquantized in its compute dtype, as without fp8, and leaves delayed scaling's
-// state as it is: below it the quantization's passes and launches cost more than the FP8 tensor cores save (a
-// cuBLASLt-like dispatch, measured in bench/RESULTS.md). 0: every size is quantized. No effect on the CPU, where the
-// products are always quantized, nor under tensor parallelism (an amax group), whose ranks must all quantize or none.
-// A create_graph backward refuses fp8 at every size.
-inline constexpr std::int64_t default_fp8_min_product = std::int64_t{1} << 32;
-void set_fp8_min_product(std::int64_t multiply_adds);
-std::int64_t fp8_min_product();
+// Whether an op asked for fp8 products (layernorm_mlp's options.fp8, fp8_dense) quantizes them on a GPU
+// (process-wide). where_it_pays, the default: where ops/fp8/gpu_dispatch.hpp's model predicts that the FP8 tensor
+// cores save more than the quantization's passes and launches cost, for the op's recipe, shape and weight cache (the
+// model and its measured accuracy: docs/fp8.md); elsewhere the op runs its products unquantized in its compute
+// dtype, as without fp8, and leaves delayed scaling's state as it is. always: every size quantized. No effect on the
+// CPU, where the products are always quantized, nor under tensor parallelism (an amax group), whose ranks must all
+// quantize or none. A create_graph backward refuses fp8 at every size.
+enum class Fp8Dispatch { where_it_pays, always };
+void set_fp8_dispatch(Fp8Dispatch dispatch);
+Fp8Dispatch fp8_dispatch();
 
 // Which kernel runs an elementwise program (cuda/elementwise.hpp): one made for it (cuda/element_jit.hpp: compiled by NVRTC once per program shape, then
 // kept; straight-line code, near the card's bandwidth) or the one kernel that interprets every program (no

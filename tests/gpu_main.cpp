@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
     std::puts("no CUDA device visible: skipping the GPU tests");
     return 77;
   }
-  tapegrad::cuda::set_fp8_min_product(0);
+  tapegrad::cuda::set_fp8_dispatch(tapegrad::cuda::Fp8Dispatch::always);
   doctest::Context context(argc, argv);
   return context.run();
 }

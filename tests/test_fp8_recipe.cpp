@@ -5,9 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tapegrad/ops/fp8/detail/quantize.hpp"
+#include "tapegrad/ops/fp8/weight_cache.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -177,4 +180,41 @@ TEST_CASE("a recipe out of range is refused naming the field") {
   CHECK_THROWS_WITH_AS(ScalingState({.amax_history_len = 0}), doctest::Contains("amax_history_len must be >= 1"),
                        Error);
   CHECK_THROWS_WITH_AS(ScalingState({.format = Formats(9)}), doctest::Contains("format 9 is not a Formats"), Error);
+}
+
+TEST_CASE("the GPU dispatch quantizes where the products' saving outgrows the quantization, by recipe and cache") {
+  const Fp8Quantization delayed = fp8_quantization(DelayedScaling{}), current = fp8_quantization(CurrentScaling{}),
+                        block = fp8_quantization(BlockScaling{});
+  Fp8Quantization delayed_cached = delayed;
+  delayed_cached.weight_cache = std::make_shared<WeightCache>();
+  const auto mlp = [](std::int64_t M, std::int64_t H, std::int64_t F) { return StepWork::layernorm_mlp(M, H, F, 1); };
+  // The fitted shapes' decisions (bench/RESULTS.md's fp8 table): a large block pays in every recipe, the smallest in
+  // none; at (4096, 1024, 4096) delayed scaling pays and block scaling does not.
+  for (const Fp8Quantization* q : {&delayed, &current, &block}) {
+    CHECK(pays_on_gpu(*q, mlp(8192, 4096, 16384)));
+    CHECK(pays_on_gpu(*q, StepWork::layernorm_mlp(8192, 4096, 11008, 2)));
+    CHECK(!pays_on_gpu(*q, mlp(256, 256, 1024)));
+  }
+  CHECK(pays_on_gpu(delayed, mlp(4096, 1024, 4096)));
+  CHECK(!pays_on_gpu(block, mlp(4096, 1024, 4096)));
+  // Few tokens through wide weights: their quantization each step outweighs the saving, a weight cache's copies not.
+  CHECK(!pays_on_gpu(delayed, mlp(512, 2048, 8192)));
+  CHECK(pays_on_gpu(delayed_cached, mlp(512, 2048, 8192)));
+  CHECK(predicted_gpu_saving_us(delayed_cached, mlp(512, 2048, 8192)) -
+            predicted_gpu_saving_us(delayed, mlp(512, 2048, 8192)) ==
+        doctest::Approx(2.316 * 2 * 2048 * 8192 * 1e-6));
+  // The saving grows with the tokens, and each recipe's costs order as its passes: delayed < current < block.
+  for (std::int64_t M = 256; M < 65536; M *= 2) {
+    CAPTURE(M);
+    CHECK(predicted_gpu_saving_us(delayed, mlp(2 * M, 1024, 4096)) > predicted_gpu_saving_us(delayed, mlp(M, 1024, 4096)));
+    CHECK(predicted_gpu_saving_us(delayed, mlp(M, 1024, 4096)) > predicted_gpu_saving_us(current, mlp(M, 1024, 4096)));
+    CHECK(predicted_gpu_saving_us(current, mlp(M, 1024, 4096)) > predicted_gpu_saving_us(block, mlp(M, 1024, 4096)));
+  }
+  // fp8_dense counts its three products, x and dy, and its kernel.
+  CHECK(pays_on_gpu(delayed, StepWork::dense(8192, 4096, 4096)));
+  CHECK(!pays_on_gpu(delayed, StepWork::dense(64, 64, 64)));
+  const StepWork dense = StepWork::dense(3, 5, 7);
+  CHECK(dense.multiply_adds == 3 * 3 * 5 * 7);
+  CHECK(dense.activation_elements == 3 * 5 + 3 * 7);
+  CHECK(dense.weight_elements == 5 * 7);
 }

@@ -35,6 +35,7 @@
 #include "gpu_reference.hpp"
 #include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/ops/fp8/detail/state_on_device.hpp"
+#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/tensor/gpu/graph.hpp"
 
 using namespace tapegrad;
@@ -446,9 +447,9 @@ TEST_CASE("a second fp8 backward on the GPU under retain_graph repeats the first
   }
 }
 
-TEST_CASE("below cuda::fp8_min_product the fp8 node and fp8_dense run unquantized and leave the state as it is") {
+TEST_CASE("where fp8 does not pay, the fp8 node and fp8_dense run unquantized and leave the state as it is") {
   struct EverySizeAgain {  // (what the GPU tests run with: tests/gpu_main.cpp)
-    ~EverySizeAgain() { cuda::set_fp8_min_product(0); }
+    ~EverySizeAgain() { cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always); }
   } every_size_again;
   const Case c{};
   const std::int64_t M = 24, H = 32, F = 48;
@@ -464,11 +465,12 @@ TEST_CASE("below cuda::fp8_min_product the fp8 node and fp8_dense run unquantize
     for (std::size_t i = 0; i < got.grads.size(); ++i) same = same && test::bitwise_equal(got.grads[i], unquantized.grads[i]);
     return same;
   };
-  cuda::set_fp8_min_product(M * H * F + 1);
+  REQUIRE(!fp8::pays_on_gpu(*quantized.fp8, fp8::StepWork::layernorm_mlp(M, H, F, 1)));
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::where_it_pays);
   CHECK(same_as_unquantized(step(x, p, quantized, 9)));
   CHECK(state.steps() == 0);
   CHECK(!state.pending());
-  cuda::set_fp8_min_product(M * H * F);  // from this size on: quantized
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always);
   CHECK(!same_as_unquantized(step(x, p, quantized, 9)));
   CHECK(state.pending());
 
@@ -482,15 +484,15 @@ TEST_CASE("below cuda::fp8_min_product the fp8 node and fp8_dense run unquantize
                                       k.grad().to(Device::cpu()), b.grad().to(Device::cpu())};
   };
   const Fp8Quantization current = fp8_quantization(fp8::CurrentScaling{});
-  cuda::set_fp8_min_product(M * H * F + 1);
+  REQUIRE(!fp8::pays_on_gpu(current, fp8::StepWork::dense(M, H, F)));
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::where_it_pays);
   const auto below = dense(current), reference = dense(std::nullopt);
   for (std::size_t i = 0; i < below.size(); ++i) {
     CAPTURE(i);
     CHECK(test::relative_error(below[i], cast<double>(reference[i])) <= 1e-6);  // (matmul + b: other kernels' sums)
   }
-  cuda::set_fp8_min_product(M * H * F);
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always);
   CHECK(test::relative_error(dense(current)[0], cast<double>(reference[0])) > 1e-4);
-  CHECK_THROWS_WITH_AS(cuda::set_fp8_min_product(-1), doctest::Contains("the size must be >= 0, got -1"), Error);
 }
 
 TEST_CASE("the GPU refuses fp8 where it has no path, naming what") {

@@ -13,6 +13,7 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
 #include "tapegrad/cuda/settings.hpp"
+#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/stages.hpp"
 #include "tapegrad/tensor/detail/accumulate.hpp"
@@ -329,9 +330,12 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   const auto [M, H, F, n] = dims;
   const Device device = x.device();
   s.options = options;
-  // Too small for fp8 to pay; not under tensor parallelism, whose ranks must all quantize or none (their shards of F
+  // Where fp8 would not pay; not under tensor parallelism, whose ranks must all quantize or none (their shards of F
   // may differ in size).
-  if (options.fp8 && !options.tensor_parallel && M * H * F < cuda::fp8_min_product()) s.options.fp8.reset();
+  if (options.fp8 && !options.tensor_parallel && cuda::fp8_dispatch() == cuda::Fp8Dispatch::where_it_pays &&
+      !fp8::pays_on_gpu(*options.fp8, fp8::StepWork::layernorm_mlp(M, H, F, activation_form(options).width()))) {
+    s.options.fp8.reset();
+  }
   const bool quantized = s.options.fp8.has_value();
   s.dims = dims;
   // (delayed: ends the state's last step)
