@@ -3,7 +3,8 @@
 //   ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
 //       layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current|block]]   (one command line)
 // gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks); the last word
-// quantizes the products to fp8 with that recipe.
+// quantizes the products to fp8 with that recipe, at every shape (cuda::Fp8Dispatch::always: the fp8 path's kernels
+// even where the default dispatch would run the products in bf16).
 #include <cuda_profiler_api.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
 #include "gpu_mlp_block.hpp"
 
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
   }
   const bool swiglu = std::string(argv[4]) == "swiglu";
   cuda::set_gemm_autotune(argc > 5 && std::string(argv[5]) == "autotune");
+  cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always);
   const std::string precision = argc > 6 ? argv[6] : "bf16";
   std::optional<fp8::Recipe> recipe;
   if (precision == "delayed") recipe = fp8::DelayedScaling{};

@@ -46,7 +46,7 @@ template <class S> __global__ void __launch_bounds__(threads, 2) block_quantize_
   static_assert(runs_across == 16 && rows_per_step == 2 * warps, "a warp holds two rows of runs, its halves");
   __shared__ unsigned int row_amax[tile], warp_column_amax[warps][tile];
   __shared__ float row_scale[tile], column_scale[tile];
-  __shared__ std::uint8_t block[tile][tile + 4];
+  __shared__ alignas(16) std::uint8_t block[tile][tile + 4];
   wait_for_prior_kernels();
   const S* x = static_cast<const S*>(l.x);
   const std::int64_t tiles_across = (l.cols + tile - 1) / tile;
@@ -123,12 +123,19 @@ template <class S> __global__ void __launch_bounds__(threads, 2) block_quantize_
     for (int k = 0; k < runs_per_thread; ++k) {
       const int i = i_first + k * rows_per_step;
       const float scale = l.blocks ? row_scale[0] : row_scale[i];
-      alignas(8) std::uint8_t q[run];
+      float values[run];
 #pragma unroll
-      for (int j = 0; j < run; ++j) {
-        const float value = to_compute<float>(v[k].v[j]);
-        q[j] = to_fp8<e4m3>(value * scale);
-        block[i][j0 + j] = l.blocks ? q[j] : to_fp8<e4m3>(value * column_scale[j0 + j]);
+      for (int j = 0; j < run; ++j) values[j] = to_compute<float>(v[k].v[j]);
+      const uint2 q = to_fp8_run<e4m3>(values, scale);
+      if (l.transposed) {  // (the transpose's tiles scale by column: their own codes but with one tile scale)
+        uint2 t = q;
+        if (!l.blocks) {
+          float column_scaled[run];
+#pragma unroll
+          for (int j = 0; j < run; ++j) column_scaled[j] = values[j] * column_scale[j0 + j];
+          t = to_fp8_run<e4m3>(column_scaled, 1.0f);
+        }
+        store_tile_run(block, i, j0, t);
       }
       if (l.codes) {
         const bool whole = l.codes_aligned && r0 + i < l.codes_rows && c0 + j0 + run <= l.cols;

@@ -18,6 +18,20 @@ template <fp8::Format F> __device__ __forceinline__ std::uint8_t to_fp8(float v)
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == fp8::Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// The codes of 8 values (v[e] · scale) as to_fp8 makes each, element e in byte e: four of the hardware's paired
+// conversions (a NaN pair falls back to to_fp8's, for its nan_code).
+template <fp8::Format F> __device__ __forceinline__ uint2 to_fp8_run(const float (&v)[8], float scale) {
+  std::uint32_t pairs[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const float lo = v[2 * p] * scale, hi = v[2 * p + 1] * scale;
+    pairs[p] = lo != lo || hi != hi ? to_fp8<F>(lo) | std::uint32_t{to_fp8<F>(hi)} << 8
+                                    : __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
+                                                               F == fp8::Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+  }
+  return make_uint2(__byte_perm(pairs[0], pairs[1], 0x5410), __byte_perm(pairs[2], pairs[3], 0x5410));
+}
+
 // The bits of |v| as f32: they order as the magnitudes do (NaN above infinity), so their maximum is an amax that no
 // order of the threads changes.
 template <class S> __device__ __forceinline__ unsigned int abs_bits(S v) {
@@ -88,37 +102,77 @@ __device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows,
   return whole;
 }
 
-// The codes q of elements [c, c + 8) of row r into codes [rows, cols], none past its edges: one 8-byte store where
-// `whole` (the run lies inside, cols a multiple of 8 and codes 8-byte aligned).
+// The codes q of elements [c, c + 8) of row r (element e in byte e) into codes [rows, cols], none past its edges: one
+// 8-byte store where `whole` (the run lies inside, cols a multiple of 8 and codes 8-byte aligned).
 __device__ __forceinline__ void store_run(std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t r,
-                                          std::int64_t c, bool whole, const std::uint8_t (&q)[8]) {
+                                          std::int64_t c, bool whole, uint2 q) {
   if (whole) {
-    *reinterpret_cast<uint2*>(codes + r * cols + c) = *reinterpret_cast<const uint2*>(q);
+    *reinterpret_cast<uint2*>(codes + r * cols + c) = q;
   } else if (r < rows) {
-    for (int j = 0; j < 8 && c + j < cols; ++j) codes[r * cols + c + j] = q[j];
+    const std::uint8_t* bytes = reinterpret_cast<const std::uint8_t*>(&q);
+    for (int j = 0; j < 8 && c + j < cols; ++j) codes[r * cols + c + j] = bytes[j];
   }
 }
 
+// Columns j .. j + 4 of a tile of codes, rows i0 .. i0 + 8: out[c] holds column j + c's 8 codes, row i0's in its
+// lowest byte. The rows' 4-byte words (j a multiple of 4, the tile's rows 4-byte aligned) go through two 4×4 byte
+// transposes, 8 loads and 16 byte permutes where the codes one at a time take 32 loads.
+template <int Tile, int Ld>
+__device__ __forceinline__ void tile_columns(const std::uint8_t (&block)[Tile][Ld], int j, int i0, uint2 (&out)[4]) {
+  static_assert(Ld % 4 == 0);
+  std::uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = *reinterpret_cast<const std::uint32_t*>(&block[i0 + i][j]);
+  std::uint32_t half[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::uint32_t* r = w + 4 * h;
+    // (bytes 0, 1 of rows 0, 1 interleaved; bytes 2, 3; the same of rows 2, 3; then the columns from them)
+    const std::uint32_t a = __byte_perm(r[0], r[1], 0x5140), b = __byte_perm(r[0], r[1], 0x7362);
+    const std::uint32_t c = __byte_perm(r[2], r[3], 0x5140), d = __byte_perm(r[2], r[3], 0x7362);
+    half[h][0] = __byte_perm(a, c, 0x5410);
+    half[h][1] = __byte_perm(a, c, 0x7632);
+    half[h][2] = __byte_perm(b, d, 0x5410);
+    half[h][3] = __byte_perm(b, d, 0x7632);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) out[c] = make_uint2(half[0][c], half[1][c]);
+}
+
+// A run of 8 codes (element e in byte e) into a tile's row at column j (a multiple of 4): two 4-byte stores.
+template <int Tile, int Ld>
+__device__ __forceinline__ void store_tile_run(std::uint8_t (&block)[Tile][Ld], int i, int j, uint2 q) {
+  static_assert(Ld % 4 == 0);
+  reinterpret_cast<std::uint32_t*>(&block[i][j])[0] = q.x;
+  reinterpret_cast<std::uint32_t*>(&block[i][j])[1] = q.y;
+}
+
 // The transpose of a tile of codes, block[i][j] the code of x's element (r0 + i, c0 + j), into transposed [cols, ld]
-// up to row padded_rows: each thread of the block writes runs of 8 codes down a column, as one 8-byte store where
-// `aligned` (ld a multiple of 8, transposed 8-byte aligned). Called by every thread of the block, after the tile is
-// complete in shared memory.
+// up to row padded_rows: each thread of the block takes 4 columns of 8 rows (tile_columns) and writes each column's
+// run as one 8-byte store where `aligned` (ld a multiple of 8, transposed 8-byte aligned). Called by every thread of
+// the block, after the tile is complete in shared memory.
 template <int Tile, int Ld>
 __device__ __forceinline__ void store_transposed(const std::uint8_t (&block)[Tile][Ld], std::int64_t r0,
                                                  std::int64_t c0, std::int64_t cols, std::int64_t padded_rows,
                                                  std::uint8_t* transposed, std::int64_t ld, bool aligned) {
-  constexpr int run = 8;
+  constexpr int run = 8, runs_down = Tile / run;
   const int threads = blockDim.x * blockDim.y, thread = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int k = thread; k < Tile * Tile / run; k += threads) {
-    const int j = k / (Tile / run), i0 = k % (Tile / run) * run;  // column j of the tile, its rows i0 ..
-    const std::int64_t c = c0 + j, r = r0 + i0;
-    if (c >= cols) continue;
-    alignas(8) std::uint8_t q[run];
-    for (int i = 0; i < run; ++i) q[i] = block[i0 + i][j];
-    if (aligned && r + run <= padded_rows) {
-      *reinterpret_cast<uint2*>(transposed + c * ld + r) = *reinterpret_cast<const uint2*>(q);
-    } else {
-      for (int i = 0; i < run && r + i < padded_rows; ++i) transposed[c * ld + r + i] = q[i];
+  for (int k = thread; k < Tile / 4 * runs_down; k += threads) {
+    const int j = k / runs_down * 4, i0 = k % runs_down * run;  // columns j .. j + 4 of the tile, rows i0 ..
+    const std::int64_t r = r0 + i0;
+    if (c0 + j >= cols || r >= padded_rows) continue;
+    uint2 q[4];
+    tile_columns(block, j, i0, q);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (c0 + j + c >= cols) break;
+      std::uint8_t* at = transposed + (c0 + j + c) * ld + r;
+      if (aligned && r + run <= padded_rows) {
+        *reinterpret_cast<uint2*>(at) = q[c];
+      } else {
+        const std::uint8_t* bytes = reinterpret_cast<const std::uint8_t*>(&q[c]);
+        for (int i = 0; i < run && r + i < padded_rows; ++i) at[i] = bytes[i];
+      }
     }
   }
 }

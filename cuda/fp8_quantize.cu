@@ -1,8 +1,8 @@
 // FP8 quantization kernels (see fp8_quantize.hpp). A code is to_fp8 (cuda/fp8_codes.cuh) of the f32 product
 // x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread loads two
-// runs of 8 elements of a row (16- or 32-byte loads, both in flight at once) and converts them (8-byte stores of
-// codes), the tile's codes go through shared memory, and runs of 8 codes down a column are written as 8 bytes of the
-// transpose.
+// runs of 8 elements of a row (16- or 32-byte loads, both in flight at once) and converts them in pairs (8-byte stores
+// of codes), the tile's codes go through shared memory as 4-byte words, and runs of 8 codes down a column are written
+// as 8 bytes of the transpose.
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
 #include <algorithm>
@@ -63,7 +63,7 @@ template <class S> struct Job {
 // Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
 // are zero codes), else rows. With current.amax, every block makes the scale from it and the first writes it out.
 template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S> j) {
-  __shared__ std::uint8_t block[tile][tile + 4];
+  __shared__ alignas(16) std::uint8_t block[tile][tile + 4];
   wait_for_prior_kernels();
   const float scale = j.current.amax ? fp8::current_scale(*j.current.amax, fp8::max_value<F>()) : *j.scale;
   if (j.current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -86,12 +86,9 @@ template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_thr
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
       const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
-      alignas(8) std::uint8_t q[run];
-      for (int e = 0; e < run; ++e) {
-        m = max(m, __float_as_uint(fabsf(v[u][e])));
-        q[e] = to_fp8<F>(v[u][e] * scale);
-        block[i][c + e] = q[e];
-      }
+      for (int e = 0; e < run; ++e) m = max(m, __float_as_uint(fabsf(v[u][e])));
+      const uint2 q = to_fp8_run<F>(v[u], scale);
+      if (j.transposed) store_tile_run(block, i, c, q);
       if (j.codes) {
         const std::int64_t r = r0 + i;
         store_run(j.codes, j.rows, j.cols, r, c0 + c, j.codes_aligned && r < j.rows && c0 + c + run <= j.cols, q);

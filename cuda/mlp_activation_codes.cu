@@ -6,9 +6,10 @@
 //
 // Block (t, c) takes the t-th tile of 64 columns over chunk c's rows (whole tiles of 64 rows, a function of the
 // shape only), tile after tile: each thread converts runs of 8 elements of a row (16-byte loads of z's halves and
-// da), writes dz's codes of its run, and leaves the tile's codes in shared memory, from which runs of 8 codes down a
-// column are written as 8 bytes of each transpose (as fp8_quantize does). dbias: each thread adds its run's columns
-// over its rows in row order; the block adds its threads' sums in a fixed order into the chunk's partial row.
+// da), writes dz's codes of its run (converted in pairs), and leaves the tile's codes in shared memory as 4-byte
+// words, from which runs of 8 codes down 4 columns at a time are written as 8 bytes of each transpose (fp8_codes.cuh's
+// tile_columns, as fp8_quantize does). dbias: each thread adds its run's columns over its rows in row order; the block
+// adds its threads' sums in a fixed order into the chunk's partial row.
 #include <algorithm>
 #include <cstdint>
 
@@ -73,13 +74,16 @@ template <class S> __device__ __forceinline__ void store_values(S* x, const S (&
   }
 }
 
-// Writes the tile's column j, rows i0 .. i0 + run, of `codes` to row `at` of a transpose (8 bytes).
-__device__ __forceinline__ void write_down(const std::uint8_t (&codes)[tile][tile + 4], int j, int i0,
-                                           std::uint8_t* at) {
-  alignas(8) std::uint8_t q[run];
+using CodeTile = std::uint8_t[tile][tile + 4];
+
+// The tile's columns j .. j + 4, rows i0 .. i0 + run, of `codes` to rows `at`, `at` + ld, ... of a transpose (8 bytes
+// each).
+__device__ __forceinline__ void write_columns(const CodeTile& codes, int j, int i0, std::uint8_t* at,
+                                              std::int64_t ld) {
+  uint2 q[4];
+  tile_columns(codes, j, i0, q);
 #pragma unroll
-  for (int i = 0; i < run; ++i) q[i] = codes[i0 + i][j];
-  *reinterpret_cast<uint2*>(at) = *reinterpret_cast<const uint2*>(q);
+  for (int c = 0; c < 4; ++c) *reinterpret_cast<uint2*>(at + c * ld) = q[c];
 }
 
 template <class S, Form Fixed, fp8::Format G>
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(threads)
     backward_codes_kernel(const ActivationForm act, const Buffers<S> b, std::int64_t rows, std::int64_t covered,
                           std::int64_t F, std::int64_t chunk_rows) {
   using C = compute_of<S>;
-  __shared__ std::uint8_t a_tile[tile][tile + 4], dz0_tile[tile][tile + 4], dz1_tile[tile][tile + 4];
+  __shared__ alignas(16) CodeTile a_tile, dz0_tile, dz1_tile;
   __shared__ C column_sums[rows_per_pass][tile];
   wait_for_prior_kernels();
   const int width = width_of<Fixed>(act);
@@ -98,14 +102,15 @@ __global__ void __launch_bounds__(threads)
   const std::int64_t c = c0 + j0;
   const bool in_columns = c < F;  // F is a multiple of 8: a run is whole or past F
   const float dz_scale = b.dz_scale ? *b.dz_scale : 0.0f, a_scale = b.a_transposed ? *b.a_scale : 0.0f;
+  const bool dz_quantized = b.dz_codes || b.dz_transposed;
   unsigned int amax = 0;
   C sum0[run] = {}, sum1[run] = {};
   for (std::int64_t r0 = first; r0 < last; r0 += tile) {
     for (int i = i_first; i < tile; i += rows_per_pass) {
       const std::int64_t r = r0 + i;
-      alignas(8) std::uint8_t qa[run] = {}, q0[run] = {}, q1[run] = {};  // zero codes past the rows
+      uint2 qa{}, q0{}, q1{};  // zero codes past the rows
       if (in_columns && r < rows) {
-        float z0[run], z1[run], da[run];
+        float z0[run], z1[run], da[run], a[run], dz0_values[run], dz1_values[run];
         alignas(16) S dz0[run], dz1[run];
         load_run(b.z + r * width * F + c, z0);
         if (width == 2) load_run(b.z + r * width * F + F + c, z1);
@@ -118,41 +123,49 @@ __global__ void __launch_bounds__(threads)
           dz1[v] = e.dz1;
           sum0[v] += to_compute<C>(e.dz0);
           amax = max(amax, abs_bits(e.dz0));
-          q0[v] = to_fp8<G>(to_compute<float>(e.dz0) * dz_scale);
+          dz0_values[v] = to_compute<float>(e.dz0);
           if (width == 2) {
             sum1[v] += to_compute<C>(e.dz1);
             amax = max(amax, abs_bits(e.dz1));
-            q1[v] = to_fp8<G>(to_compute<float>(e.dz1) * dz_scale);
+            dz1_values[v] = to_compute<float>(e.dz1);
           }
-          qa[v] = to_fp8<fp8::Format::e4m3>(to_compute<float>(e.a) * a_scale);
+          a[v] = to_compute<float>(e.a);
         }
+        if (dz_quantized) {  // (the same for every thread of the block)
+          q0 = to_fp8_run<G>(dz0_values, dz_scale);
+          if (width == 2) q1 = to_fp8_run<G>(dz1_values, dz_scale);
+        }
+        if (b.a_transposed) qa = to_fp8_run<fp8::Format::e4m3>(a, a_scale);
         if (b.dz) {  // (z's run was read above: dz may be written over it)
           store_values(b.dz + r * width * F + c, dz0);
           if (width == 2) store_values(b.dz + r * width * F + F + c, dz1);
         }
         if (b.dz_codes) {
           std::uint8_t* row = b.dz_codes + r * width * F + c;
-          *reinterpret_cast<uint2*>(row) = *reinterpret_cast<const uint2*>(q0);
-          if (width == 2) *reinterpret_cast<uint2*>(row + F) = *reinterpret_cast<const uint2*>(q1);
+          *reinterpret_cast<uint2*>(row) = q0;
+          if (width == 2) *reinterpret_cast<uint2*>(row + F) = q1;
         }
       }
-#pragma unroll
-      for (int v = 0; v < run; ++v) {
-        a_tile[i][j0 + v] = qa[v];
-        dz0_tile[i][j0 + v] = q0[v];
-        dz1_tile[i][j0 + v] = q1[v];
+      if (b.a_transposed) store_tile_run(a_tile, i, j0, qa);
+      if (b.dz_transposed) {
+        store_tile_run(dz0_tile, i, j0, q0);
+        if (width == 2) store_tile_run(dz1_tile, i, j0, q1);
       }
     }
     if (!b.dz_transposed && !b.a_transposed) continue;  // (the same for every thread of the block)
     __syncthreads();
-    for (int k = threadIdx.x; k < tile * runs_across; k += threads) {
-      const int j = k / runs_across, i0 = k % runs_across * run;  // column j of the tile, its rows i0 ..
+    // Each transposed tile in tasks of 4 columns by 8 rows, a's then dz's halves; a thread takes one tile's task.
+    constexpr int runs_down = tile / run, tasks = tile / 4 * runs_down;
+    for (int k = threadIdx.x; k < 3 * tasks; k += threads) {
+      const int part = k / tasks, j = k % tasks / runs_down * 4, i0 = k % runs_down * run;
       const std::int64_t cj = c0 + j, r = r0 + i0;
-      if (cj >= F || r >= last) continue;  // (last and r are multiples of 8: the run is whole)
-      if (b.a_transposed) write_down(a_tile, j, i0, b.a_transposed + cj * b.transposed_ld + r);
-      if (b.dz_transposed) {
-        write_down(dz0_tile, j, i0, b.dz_transposed + cj * b.transposed_ld + r);
-        if (width == 2) write_down(dz1_tile, j, i0, b.dz_transposed + (F + cj) * b.transposed_ld + r);
+      // (F and `last` are multiples of 8, j and r of 4 and 8: the 4 columns and 8 rows are whole or past them)
+      if (cj >= F || r >= last) continue;
+      if (part == 0 && b.a_transposed) {
+        write_columns(a_tile, j, i0, b.a_transposed + cj * b.transposed_ld + r, b.transposed_ld);
+      } else if (part > 0 && part <= width && b.dz_transposed) {
+        write_columns(part == 1 ? dz0_tile : dz1_tile, j, i0,
+                      b.dz_transposed + ((part - 1) * F + cj) * b.transposed_ld + r, b.transposed_ld);
       }
     }
     __syncthreads();  // the tiles are read before the next ones overwrite them
