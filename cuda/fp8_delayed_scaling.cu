@@ -17,18 +17,42 @@ namespace {
 
 constexpr int update_threads = 256;
 
-// Ends the step (ScalingState::update); called by every thread of the one block, whose warp r takes role r (the
-// roles' chains of loads run side by side: a step's end costs one history's reads, not one per role).
-__device__ void end_step(const DelayedScalingState& s) {
+// Ends the step (ScalingState::update), or, with only_if_open, the open step if there is one; called by every thread
+// of the one block, whose warp r takes role r (the roles' histories read side by side). Every load is issued first,
+// together (the amaxes, the scales, the counters, each warp's share of its role's history): a step's end costs about
+// one round trip to memory, not one per dependent read. Leaves each role's scale for the next step in scales_now
+// (shared): the new one, or the old where no step ended or the step was refused.
+__device__ void end_step(const DelayedScalingState& s, bool only_if_open, float* scales_now) {
   static_assert(update_threads / 32 >= max_roles);
   __shared__ float newest[max_roles];
   __shared__ int refused_at;
-  if (threadIdx.x < s.roles) newest[threadIdx.x] = s.amaxes[threadIdx.x];
+  __shared__ bool end;
+  const int r = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  if (threadIdx.x < s.roles) {
+    newest[threadIdx.x] = s.amaxes[threadIdx.x];
+    scales_now[threadIdx.x] = s.scales[threadIdx.x];
+  }
+  if (threadIdx.x == 0) end = !only_if_open || s.counters[step_open] != 0;
+  const auto done = static_cast<long long>(s.counters[steps_done]);
+  // The history's maximum over the f32 bits (see above): this lane's entries, the step's own amax added below.
+  unsigned int m = 0;
+  if (r < s.roles && !s.most_recent) {
+    const float* ring = s.ring + static_cast<std::int64_t>(r) * s.ring_length;
+    constexpr int batch = 32;  // loads in flight per lane: a history of 1024 in one round trip
+    for (int first = lane; first < s.ring_length; first += 32 * batch) {
+      float v[batch];
+#pragma unroll
+      for (int k = 0; k < batch; ++k) v[k] = ring[min(first + 32 * k, s.ring_length - 1)];  // (repeats change no max)
+#pragma unroll
+      for (int k = 0; k < batch; ++k) m = max(m, __float_as_uint(v[k]));
+    }
+  }
   __syncthreads();
+  if (!end) return;
   if (threadIdx.x == 0) {
     refused_at = -1;
-    for (int r = 0; r < s.roles && refused_at < 0; ++r) {
-      if (!isfinite(newest[r])) refused_at = r;
+    for (int role = 0; role < s.roles && refused_at < 0; ++role) {
+      if (!isfinite(newest[role])) refused_at = role;
     }
   }
   __syncthreads();
@@ -40,25 +64,20 @@ __device__ void end_step(const DelayedScalingState& s) {
         s.counters[refused_step] = s.counters[steps_done];
         s.counters[refused_amax] = newest[refused_at];
       }
-      for (int r = 0; r < s.roles; ++r) s.amaxes[r] = 0.0f;
+      for (int role = 0; role < s.roles; ++role) s.amaxes[role] = 0.0f;
       s.counters[step_open] = 0;
     }
     return;
   }
-  const auto done = static_cast<long long>(s.counters[steps_done]);
   const int slot = s.ring_length > 0 ? static_cast<int>(done % s.ring_length) : 0;
-  const int r = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   if (r < s.roles) {
-    // The history's maximum over the f32 bits (see above), this lane's entries, then the warp's.
-    unsigned int m = lane == 0 ? __float_as_uint(newest[r]) : 0u;
-    if (!s.most_recent) {
-      const float* ring = s.ring + static_cast<std::int64_t>(r) * s.ring_length;
-#pragma unroll 8
-      for (int i = lane; i < s.ring_length; i += 32) m = max(m, __float_as_uint(ring[i]));
-    }
+    if (lane == 0) m = max(m, __float_as_uint(newest[r]));
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == 0) {
-      s.scales[r] = fp8::delayed_scale_by(__uint_as_float(m), s.scales[r], s.max_values[r], s.margin_factor);
+      const float scale =
+          fp8::delayed_scale_by(__uint_as_float(m), scales_now[r], s.max_values[r], s.margin_factor);
+      s.scales[r] = scale;
+      scales_now[r] = scale;
       if (s.ring_length > 0) s.ring[static_cast<std::int64_t>(r) * s.ring_length + slot] = newest[r];
       s.amaxes[r] = 0.0f;
     }
@@ -72,13 +91,11 @@ __device__ void end_step(const DelayedScalingState& s) {
 
 __global__ void __launch_bounds__(update_threads)
     begin_step_kernel(DelayedScalingState s, float* step_scalars, int fields, int scale_inv_field, int scale_field) {
-  __shared__ bool open;
-  if (threadIdx.x == 0) open = s.counters[step_open] != 0;
-  __syncthreads();
-  if (open) end_step(s);
+  __shared__ float scales_now[max_roles];
+  end_step(s, true, scales_now);
   __syncthreads();
   if (threadIdx.x < s.roles) {
-    const float scale = s.scales[threadIdx.x];
+    const float scale = scales_now[threadIdx.x];
     step_scalars[threadIdx.x * fields + scale_inv_field] = 1.0f / scale;
     step_scalars[threadIdx.x * fields + scale_field] = scale;
   }
@@ -86,7 +103,10 @@ __global__ void __launch_bounds__(update_threads)
 }
 
 // (whether or not a step is open: the host's update() counts a step without amaxes too)
-__global__ void __launch_bounds__(update_threads) end_step_kernel(DelayedScalingState s) { end_step(s); }
+__global__ void __launch_bounds__(update_threads) end_step_kernel(DelayedScalingState s) {
+  __shared__ float scales_now[max_roles];
+  end_step(s, false, scales_now);
+}
 
 __global__ void max_over_ranks_kernel(const float* gathered, int ranks, int n, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
