@@ -474,7 +474,8 @@ template <class E> class ExpressionNode final : public Node {
 };
 
 // The GPU's node: backward compiles every needed leaf gradient into ONE program (inputs: the leaves and dy) and runs
-// it; a broadcast leaf's gradient is written at the output's size in the compute type and summed down to its shape.
+// it; a broadcast leaf's gradient is written at the output's size in the compute type and summed down to its shape,
+// or, where it is dy itself (a leaf added), dy is summed down directly (cuda::sum: f32 sums for 16-bit types).
 template <class E> class GpuExpressionNode final : public Node {
   using T = typename E::element_type;
   using C = compute_t<T>;
@@ -503,6 +504,10 @@ template <class E> class GpuExpressionNode final : public Node {
     for (std::size_t k = 0; k < terms.size(); ++k) {
       if (!terms[k]) continue;
       const bool full = shapes[k] == output_;
+      if (!full && is_dy(*terms[k])) {  // (a bias added: dy summed down in one pass, nothing written at full size)
+        grads[k] = sum_to(dy, shapes[k]);
+        continue;
+      }
       if (full) {
         grads[k] = Tensor<T>(output_, dy.device());
         out.push_back(grads[k].data());
@@ -512,8 +517,7 @@ template <class E> class GpuExpressionNode final : public Node {
       }
       outs.push_back({*terms[k], static_cast<int>(outs.size()), !full});
     }
-    if (outs.empty()) return;
-    run_terms(dtype_v<T>, dy.device(), outs, output_, shapes, in, out, name());
+    if (!outs.empty()) run_terms(dtype_v<T>, dy.device(), outs, output_, shapes, in, out, name());
     for (std::size_t k = 0; k < terms.size(); ++k) {
       if (wide[k].defined()) grads[k] = cast<T>(sum_to(wide[k], shapes[k]));
       if (grads[k].defined()) static_cast<VarImpl<T>&>(*inputs[k]).accumulate(grads[k], name());
@@ -523,6 +527,11 @@ template <class E> class GpuExpressionNode final : public Node {
   void release_saved() override { expr_.reset(); }
 
  private:
+  // Whether a gradient term is dy itself (input E::leaves of the backward's program).
+  static bool is_dy(const Term& t) {
+    return t.node().op == cuda::ElementOp::input && t.node().input == static_cast<int>(E::leaves);
+  }
+
   std::optional<E> expr_;
   Shape output_;
 };
