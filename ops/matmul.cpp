@@ -23,6 +23,7 @@
 #include "tapegrad/ops/detail/broadcast.hpp"
 #include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/ops/detail/matmul_vjp.hpp"
+#include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -143,6 +144,7 @@ template <class C> void batched_gemm(const Stack<const C*>& x, const Stack<const
 template <class T> struct MatmulSaved {
   MatmulPlan plan;
   Tensor<T> a, b;
+  Shape bias_shape;  // with a bias: [N]
 };
 
 // A stack of matrices on the device as a batched GEMM reads it: `count` matrices (1: one shared by every product),
@@ -153,9 +155,11 @@ template <class T> struct DeviceStack {
   Transpose transpose = Transpose::no;
 };
 
-// z_i = op(x_i) · op(y_i) for each of `products` products, into the whole stack z.
+// z_i = op(x_i) · op(y_i) (+ bias, N values added to each row in the epilogue) for each of `products` products, into
+// the whole stack z.
 template <class T>
-void device_products(std::int64_t products, const DeviceStack<T>& x, const DeviceStack<T>& y, T* z, Device device) {
+void device_products(std::int64_t products, const DeviceStack<T>& x, const DeviceStack<T>& y, T* z, Device device,
+                     const T* bias = nullptr) {
   const bool tx = x.transpose == Transpose::yes, ty = y.transpose == Transpose::yes;
   const std::int64_t m = tx ? x.cols : x.rows, n = ty ? y.rows : y.cols;
   cuda::GemmArgs g{.dtype = dtype_v<T>,
@@ -165,7 +169,8 @@ void device_products(std::int64_t products, const DeviceStack<T>& x, const Devic
                    .batch = products,
                    .a = {x.data, x.cols, x.count == 1 ? 0 : x.rows * x.cols, tx},
                    .b = {y.data, y.cols, y.count == 1 ? 0 : y.rows * y.cols, ty},
-                   .c = {z, n, m * n}};
+                   .c = {z, n, m * n},
+                   .bias = bias};
   // With y shared, consecutive untransposed x matrices form one tall matrix, and so do z's: a single GEMM.
   if (y.count == 1 && x.count == products && !tx) {
     g.M *= products;
@@ -213,11 +218,13 @@ Tensor<T> device_gradient(const Shape& stack, std::int64_t matrices, const Matmu
   return sum_to(per_product, stack);
 }
 
-template <class T> Tensor<T> device_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
+template <class T>
+Tensor<T> device_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& bias) {
   const DeviceOperand<T> x = device_operand(a, p.a_stack, p.a_matrices, p),
                          y = device_operand(b, p.b_stack, p.b_matrices, p);
   Tensor<T> c(p.out, a.device());
-  device_products(p.c_matrices, x.stack(Transpose::no), y.stack(Transpose::no), c.data(), a.device());
+  device_products(p.c_matrices, x.stack(Transpose::no), y.stack(Transpose::no), c.data(), a.device(),
+                  bias.defined() ? bias.data() : nullptr);
   return c;
 }
 
@@ -240,13 +247,22 @@ std::tuple<Tensor<T>, Tensor<T>> device_backward(const MatmulPlan& p, const Tens
   return {da, db};
 }
 
-template <class T> Tensor<T> host_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
+template <class T>
+Tensor<T> host_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& bias) {
   using C = compute_t<T>;
   const Tensor<C> a_c = cast<C>(a), b_c = cast<C>(b);  // no copy for f32/f64
   Tensor<C> c(p.out);
   batched_gemm<C>({a_c.data(), p.a_matrices, p.M, p.K, p.a_index},  //
                   {b_c.data(), p.b_matrices, p.K, p.N, p.b_index},  //
                   {c.data(), p.c_matrices, p.M, p.N, p.c_index});
+  if (bias.defined()) {  // (in the compute type, before the one rounding, as a GPU's epilogue adds it)
+    const Tensor<C> bias_c = cast<C>(bias);
+    const C* add = bias_c.data();
+    C* row = c.data();
+    for (std::int64_t r = 0; r < c.numel() / p.N; ++r, row += p.N) {
+      for (std::int64_t j = 0; j < p.N; ++j) row[j] += add[j];
+    }
+  }
   return cast<T>(c);
 }
 
@@ -276,9 +292,11 @@ std::tuple<Tensor<T>, Tensor<T>> host_backward(const MatmulPlan& p, const Tensor
 
 // The plan's three products on the device where the tensors live: C = A·B, and the gradients dA = dC·Bᵀ and
 // dB = Aᵀ·dC, each summed over the batch axes its operand was broadcast along.
-template <class T> Tensor<T> product(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b) {
+template <class T>
+Tensor<T> product(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>& b, const Tensor<T>& bias = {}) {
   return by_device(
-      "matmul", a.device(), [&] { return host_forward(p, a, b); }, [&](auto) { return device_forward(p, a, b); });
+      "matmul", a.device(), [&] { return host_forward(p, a, b, bias); },
+      [&](auto) { return device_forward(p, a, b, bias); });
 }
 // (Each gradient reads only the other operand: the one asked for may be empty.)
 template <class T>
@@ -362,7 +380,40 @@ template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, c
       a, b);
 }
 
+// matmul_of_plan with a bias [N] added to every row of the product: inputs (a, b, bias), the bias's gradient dC summed
+// over its rows.
+template <class T> Var<T> matmul_bias_of_plan(const MatmulPlan& p, const Var<T>& a, const Var<T>& b, const Var<T>& bias) {
+  return custom_op<MatmulSaved<T>>(
+      "matmul_bias",
+      [&](MatmulSaved<T>& s, const Tensor<T>& x, const Tensor<T>& y, const Tensor<T>& add) {
+        s = {p, x, y, add.shape()};
+        return product(p, x, y, add);
+      },
+      [](const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {
+        auto [da, db] = gradients(s.plan, s.a, s.b, needs, dc);
+        return std::tuple{da, db, needs[2] ? sum_to(dc, s.bias_shape) : Tensor<T>()};
+      },
+      graph_backward([](const MatmulSaved<T>& s, const NeedsGrad& needs,
+                        const std::tuple<Var<T>, Var<T>, Var<T>>& in, const Var<T>& dc) {
+        const auto& [a, b, bias] = in;
+        return std::tuple{needs[0] ? operand_gradient_node(s.plan, 0, b, dc) : Var<T>(),
+                          needs[1] ? operand_gradient_node(s.plan, 1, a, dc) : Var<T>(),
+                          needs[2] ? sum_to(dc, bias.shape()) : Var<T>()};
+      }),
+      a, b, bias);
+}
+
 }  // namespace
+
+template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b, const Var<T>& bias) {
+  const OpScope scope = enter_op("matmul", a, b, bias);
+  check_same_device("matmul", a, b, bias);
+  const MatmulPlan p = plan_matmul(a.shape(), b.shape());
+  check(b.shape().rank() >= 2 && bias.shape() == Shape{p.N}, "matmul", "the bias has shape ", bias.shape(),
+        " but the product of ", a.shape(), " and ", b.shape(), " has shape ", p.out,
+        ": a bias is [N], added to every row of a matrix right operand's product");
+  return matmul_bias_of_plan(p, a, b, bias);
+}
 
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b) {
   const OpScope scope = enter_op("matmul", a, b);
@@ -400,6 +451,7 @@ template <class T> Var<T> matmul_grad_b(const Var<T>& a, const Shape& b_shape, c
 
 #define TAPEGRAD_INSTANTIATE_MATMUL(T)                                         \
   template Var<T> matmul<T>(const Var<T>&, const Var<T>&);                     \
+  template Var<T> matmul<T>(const Var<T>&, const Var<T>&, const Var<T>&);      \
   template Var<T> detail::matmul_grad_a<T>(const Shape&, const Var<T>&, const Var<T>&);  \
   template Var<T> detail::matmul_grad_b<T>(const Var<T>&, const Shape&, const Var<T>&);
 TAPEGRAD_FOR_EACH_FLOAT(TAPEGRAD_INSTANTIATE_MATMUL)

@@ -12,6 +12,11 @@ namespace tapegrad {
 // cuBLASLt there: f32 exactly unless cuda::set_allow_tf32(true) (cuda/blaslt.hpp) allows TF32.
 template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b);
 
+// matmul(a, b) + bias as one node: bias [N] added to every row of the product (b a matrix or a stack of them) before
+// the one rounding, in the compute type (on a GPU, cuBLASLt's bias epilogue); no intermediate product is kept, and
+// the bias's gradient is dC summed over its rows. nn::Dense's projection.
+template <class T> Var<T> matmul(const Var<T>& a, const Var<T>& b, const Var<T>& bias);
+
 // Either operand may be a lazy expression.
 template <VarLike A, VarLike B>
   requires(VarExpression<A> || VarExpression<B>)

@@ -164,6 +164,20 @@ TEST_CASE_TEMPLATE("matmul on the GPU over K = 0 gives zeros, and empty M, N or 
   }
 }
 
+TEST_CASE_TEMPLATE("matmul with a bias on the GPU matches the CPU: one tall product, stacks, and a shared stack",
+                   T, TAPEGRAD_GPU_DTYPES) {
+  const MatmulCase cases[] = {{{7, 33}, {33, 129}}, {{4, 33, 40}, {40, 24}}, {{3, 5, 33}, {3, 33, 7}}, {{33}, {33, 9}}};
+  std::uint64_t seed = 600;
+  for (const MatmulCase& c : cases) {
+    CAPTURE(c.a);
+    CAPTURE(c.b);
+    // (the bias adds one term to each output's sum: the dB and dbias sums are at most longest_sum long)
+    check_against_cpu<T>("matmul", [](const auto& v) { return matmul(v[0], v[1], v[2]); },
+                         {GpuInput(c.a), GpuInput(c.b), GpuInput(Shape{c.b.dim(-1)})},
+                         tolerance<T>(longest_sum(c.a, c.b) + 1), seed += 10);
+  }
+}
+
 TEST_CASE_TEMPLATE("matmul of GPU inputs leaves its result and gradients on the GPU", T, TAPEGRAD_GPU_DTYPES) {
   const Var<T> a = param(randn<T>({2, 7, 33}, 1).to(gpu)), b = param(randn<T>({33, 5}, 2).to(gpu));
   const Var<T> y = matmul(a, b);

@@ -4,6 +4,7 @@
 #include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/ops/detail/gemm_choice.hpp"
 #include "support.hpp"
+#include "tapegrad/tensor/host_memory.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 using namespace tapegrad;
@@ -201,6 +202,68 @@ TEST_CASE_TEMPLATE("matmul in low precision matches double forward and backward"
     check_close(a.grad(), a64.grad(), tolerance<T>);
     check_close(b.grad(), b64.grad(), tolerance<T>);
   }
+}
+
+TEST_CASE("matmul with a bias is one node holding no product, equal to matmul + bias, twice differentiable") {
+  const Shape shapes[][2] = {{{7, 13}, {13, 5}}, {{2, 3, 4}, {4, 6}}, {{3, 4, 5}, {3, 5, 2}}, {{4}, {4, 3}}};
+  for (const auto& [sa, sb] : shapes) {
+    CAPTURE(sa);
+    CAPTURE(sb);
+    const Tensor<double> a = randn<double>(sa, 41), b = randn<double>(sb, 42), bias = randn<double>({sb.dim(-1)}, 43);
+    const auto with_bias = [](const std::vector<Var<double>>& in) { return matmul(in[0], in[1], in[2]); };
+    CHECK(gradcheck(with_bias, {a, b, bias}));
+    CHECK(gradgradcheck(with_bias, {a, b, bias}));
+    Tape tape;
+    TapeScope scope(tape);
+    auto av = param(a), bv = param(b), biasv = param(bias);
+    Var<double> y = matmul(av, bv, biasv);
+    CHECK(tape.size() == 1);
+    const Tensor<double> dy = randn<double>(y.shape(), 44);
+    backward(y, dy);
+    auto a2 = param(a), b2 = param(b), bias2 = param(bias);
+    Var<double> y2 = matmul(a2, b2) + bias2;
+    backward(y2, dy);
+    check_close(y.value(), y2.value(), tolerance<double>);
+    check_close(av.grad(), a2.grad(), tolerance<double>);
+    check_close(bv.grad(), b2.grad(), tolerance<double>);
+    check_close(biasv.grad(), bias2.grad(), tolerance<double>);
+  }
+  // The product matmul + bias would keep beside its output is never made: the node holds its output alone.
+  const Var<float> x = param(randn<float>({256, 64}, 45)), w = param(randn<float>({64, 512}, 46)),
+                   bias = param(randn<float>({512}, 47));
+  const std::int64_t before = host_memory_stats().in_use_bytes;
+  const Var<float> y = matmul(x, w, bias);
+  CHECK(host_memory_stats().in_use_bytes - before == 256 * 512 * std::int64_t{sizeof(float)});
+  Tape::active().clear();
+}
+
+TEST_CASE_TEMPLATE("matmul with a bias in low precision adds it before the one rounding", T, float, bf16, f16) {
+  Tape tape;
+  TapeScope scope(tape);
+  auto a = param(randn<T>({33, 48}, 51)), b = param(randn<T>({48, 40}, 52)), bias = param(randn<T>({40}, 53));
+  auto a64 = param(cast<double>(a.value())), b64 = param(cast<double>(b.value())),
+       bias64 = param(cast<double>(bias.value()));
+  Var<T> y = matmul(a, b, bias);
+  Var<double> y64 = matmul(a64, b64, bias64);
+  check_close(y.value(), y64.value(), tolerance<T>);
+  const Tensor<T> dy = randn<T>(y.shape(), 54);
+  backward(y, dy);
+  backward(y64, cast<double>(dy));
+  check_close(a.grad(), a64.grad(), tolerance<T>);
+  check_close(b.grad(), b64.grad(), tolerance<T>);
+  check_close(bias.grad(), bias64.grad(), tolerance<T>);
+}
+
+TEST_CASE("matmul's bias must be [N] of a matrix right operand, and the error names the shapes") {
+  auto v = [](Shape s) { return constant(randn<double>(s, 1)); };
+  CHECK_THROWS_WITH_AS(matmul(v({2, 3}), v({3, 4}), v({3})),
+                       "matmul: the bias has shape [3] but the product of [2, 3] and [3, 4] has shape [2, 4]: a bias "
+                       "is [N], added to every row of a matrix right operand's product",
+                       tapegrad::Error);
+  CHECK_THROWS_WITH_AS(matmul(v({2, 3}), v({3}), v({1})), doctest::Contains("has shape [2]: a bias is [N]"),
+                       tapegrad::Error);
+  CHECK_THROWS_WITH_AS(matmul(v({2, 3}), v({4, 5}), v({5})), doctest::Contains("do not align: 3 != 4"),
+                       tapegrad::Error);
 }
 
 // ---- the raw GEMM ----------------------------------------------------------------------------------------------
