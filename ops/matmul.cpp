@@ -24,6 +24,7 @@
 #include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/ops/detail/matmul_vjp.hpp"
 #include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/gpu/backend.hpp"
 
 namespace tapegrad {
@@ -258,10 +259,12 @@ Tensor<T> host_forward(const MatmulPlan& p, const Tensor<T>& a, const Tensor<T>&
   if (bias.defined()) {  // (in the compute type, before the one rounding, as a GPU's epilogue adds it)
     const Tensor<C> bias_c = cast<C>(bias);
     const C* add = bias_c.data();
-    C* row = c.data();
-    for (std::int64_t r = 0; r < c.numel() / p.N; ++r, row += p.N) {
-      for (std::int64_t j = 0; j < p.N; ++j) row[j] += add[j];
-    }
+    C* out = c.data();
+    parallel_for(p.N > 0 ? c.numel() / p.N : 0, p.N, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t r = first; r < last; ++r) {
+        for (std::int64_t j = 0; j < p.N; ++j) out[r * p.N + j] += add[j];
+      }
+    });
   }
   return cast<T>(c);
 }
