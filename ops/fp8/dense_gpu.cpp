@@ -1,8 +1,5 @@
 #include "tapegrad/ops/fp8/detail/dense_gpu.hpp"
 
-#include "tapegrad/cuda/settings.hpp"
-#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
-
 namespace tapegrad::detail {
 
 template <class T, class P>
@@ -14,8 +11,7 @@ Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, cons
   s.N = kernel.dim(1);
   // (delayed scaling: ends the state's previous step first; a product where fp8 would not pay runs unquantized, but
   // in an amax group, whose ranks must all quantize or none)
-  const bool pays = group || cuda::fp8_dispatch() == cuda::Fp8Dispatch::always ||
-                    fp8::pays_on_gpu(q, fp8::StepWork::dense(s.M, s.K, s.N));
+  const bool pays = group || quantizes_on_gpu(q, fp8::StepWork::dense(s.M, s.K, s.N));
   s.quantizer = pays ? DeviceQuantizer<T>("fp8_dense", q, device, group) : DeviceQuantizer<T>();
   s.padded_K = s.quantizer.padded(s.K);
   s.padded_N = s.quantizer.padded(s.N);

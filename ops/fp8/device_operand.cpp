@@ -10,6 +10,7 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/fp8_block_quantize.hpp"
 #include "tapegrad/cuda/fp8_quantize.hpp"
+#include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/ops/fp8/detail/state_on_device.hpp"
 #include "tapegrad/tensor/factories.hpp"
@@ -327,6 +328,10 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
               .fp8 = &fp8},
              device_.index);
   if (c != out) cuda::strided_copy(out_dtype, c, out, {{M, N, N}, {N, 1, 1}}, device_.index);
+}
+
+bool quantizes_on_gpu(const Fp8Quantization& q, const fp8::StepWork& work) {
+  return cuda::fp8_dispatch() == cuda::Fp8Dispatch::always || fp8::pays_on_gpu(q, work);
 }
 
 }  // namespace tapegrad::detail

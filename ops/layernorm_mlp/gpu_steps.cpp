@@ -12,8 +12,6 @@
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
-#include "tapegrad/cuda/settings.hpp"
-#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/stages.hpp"
 #include "tapegrad/tensor/detail/accumulate.hpp"
@@ -332,8 +330,8 @@ Forward<T> gpu_forward(GpuSaved<T>& s, const Dims& dims, const LayerNormMLPOptio
   s.options = options;
   // Where fp8 would not pay; not under tensor parallelism, whose ranks must all quantize or none (their shards of F
   // may differ in size).
-  if (options.fp8 && !options.tensor_parallel && cuda::fp8_dispatch() == cuda::Fp8Dispatch::where_it_pays &&
-      !fp8::pays_on_gpu(*options.fp8, fp8::StepWork::layernorm_mlp(M, H, F, activation_form(options).width()))) {
+  if (options.fp8 && !options.tensor_parallel &&
+      !quantizes_on_gpu(*options.fp8, fp8::StepWork::layernorm_mlp(M, H, F, activation_form(options).width()))) {
     s.options.fp8.reset();
   }
   const bool quantized = s.options.fp8.has_value();

@@ -27,6 +27,7 @@
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/ops/detail/device_tensors.hpp"
 #include "tapegrad/ops/fp8/detail/operand.hpp"
+#include "tapegrad/ops/fp8/gpu_dispatch.hpp"
 #include "tapegrad/ops/fp8/recipe.hpp"
 #include "tapegrad/ops/detail/gemm.hpp"
 #include "tapegrad/tensor/storage.hpp"
@@ -265,5 +266,9 @@ template <class T> class DeviceQuantizer {
  private:
   std::shared_ptr<const DeviceRecipe> recipe_;
 };
+
+// Whether an op's fp8 step on a GPU quantizes: always under cuda::Fp8Dispatch::always, else where fp8::pays_on_gpu
+// predicts that it saves time (the callers leave out tensor parallelism, whose ranks must all quantize or none).
+bool quantizes_on_gpu(const Fp8Quantization& q, const fp8::StepWork& work);
 
 }  // namespace tapegrad::detail
