@@ -1,7 +1,7 @@
 // The attention the benchmarks time (bench/attention.cpp on the CPU, bench/gpu_attention.cpp on the GPU):
 // nn::dot_product_attention of q [B, S, Hq, D], k and v [B, S, Hkv, D] (layout bshd, as the shapes and JAX's
-// native layout), unit normal inputs and output gradient, and the FLOP count both report, the one
-// bench/peer_attention.py uses for the peers.
+// native layout; or [B, heads, S, D], bhsd, PyTorch SDPA's), unit normal inputs and output gradient, and the FLOP
+// count both report, the one bench/peer_attention.py uses for the peers.
 #pragma once
 
 #include <cstdint>
@@ -27,13 +27,18 @@ template <class T> struct AttentionStep {
   tapegrad::Tensor<T> dy;
   tapegrad::nn::AttentionOptions options;
 
-  AttentionStep(const AttentionShape& s, bool causal, tapegrad::Device device) {
+  AttentionStep(const AttentionShape& s, bool causal, tapegrad::Device device,
+                tapegrad::nn::AttentionLayout layout = tapegrad::nn::AttentionLayout::bshd) {
     using namespace tapegrad;
-    q = param(randn<T>({s.B, s.S, s.Hq, s.D}, 1, 0.0, 1.0, device));
-    k = param(randn<T>({s.B, s.S, s.Hkv, s.D}, 2, 0.0, 1.0, device));
-    v = param(randn<T>({s.B, s.S, s.Hkv, s.D}, 3, 0.0, 1.0, device));
-    dy = randn<T>({s.B, s.S, s.Hq, s.D}, 4, 0.0, 1.0, device);
-    options = {.causal = causal, .layout = nn::AttentionLayout::bshd};
+    const bool bshd = layout == nn::AttentionLayout::bshd;
+    const auto shape = [&](std::int64_t heads) {
+      return bshd ? Shape{s.B, s.S, heads, s.D} : Shape{s.B, heads, s.S, s.D};
+    };
+    q = param(randn<T>(shape(s.Hq), 1, 0.0, 1.0, device));
+    k = param(randn<T>(shape(s.Hkv), 2, 0.0, 1.0, device));
+    v = param(randn<T>(shape(s.Hkv), 3, 0.0, 1.0, device));
+    dy = randn<T>(shape(s.Hq), 4, 0.0, 1.0, device);
+    options = {.causal = causal, .layout = layout};
   }
 
   // The recorded forward, as in training.
