@@ -50,10 +50,12 @@ struct Extent {
 Extent stored_a(const GemmArgs& g) { return g.a.transpose ? Extent{g.K, g.M} : Extent{g.M, g.K}; }
 Extent stored_b(const GemmArgs& g) { return g.b.transpose ? Extent{g.N, g.K} : Extent{g.K, g.N}; }
 
-// C's dtype: the inputs', or their compute type when wide.
+// C's dtype as written: the inputs', their compute type when wide, or fp8 codes.
 DType output_dtype(const GemmArgs& g) {
+  if (g.fp8 && g.fp8->c_codes) return *g.fp8->c_codes;
   return g.wide_output ? compute_dtype(g.dtype) : g.dtype;
 }
+bool writes_codes(const GemmArgs& g) { return g.fp8 && g.fp8->c_codes; }
 // The operands' dtypes as stored.
 DType a_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->a : g.dtype; }
 DType b_dtype(const GemmArgs& g) { return g.fp8 ? g.fp8->b : g.dtype; }
@@ -80,7 +82,11 @@ std::ostream& operator<<(std::ostream& out, const Described& d) {
     out << dtype_name(g.fp8->a) << scaling_name(g.fp8->a_scaling) << " × " << dtype_name(g.fp8->b)
         << scaling_name(g.fp8->b_scaling) << " to ";
   }
-  return out << dtype_name(g.dtype) << (output_dtype(g) != g.dtype ? " (f32 output)" : "") << " gemm of op(A) ["
+  return out << dtype_name(g.dtype)
+             << (writes_codes(g)                ? " (as fp8 codes)"
+                 : output_dtype(g) != g.dtype ? " (f32 output)"
+                                              : "")
+             << " gemm of op(A) ["
              << g.M << ", " << g.K << "] and op(B) [" << g.K << ", " << g.N << "], batch " << g.batch
              << ": A stored [" << a.rows << ", " << a.cols << "]" << (g.a.transpose ? " (transposed)" : "")
              << " with lda " << g.a.ld << " and batch stride " << g.a.batch_stride << ", B stored [" << b.rows
@@ -131,8 +137,14 @@ void validate_fp8(const GemmArgs& g) {
   check(!g.a.transpose && g.b.transpose, "gemm",
         "FP8 kernels read both operands along K: A stored [M, K] and B stored [N, K] (transposed), not the ",
         describe(g));
-  check(g.dtype != DType::f64 && !g.wide_output && g.batch == 1 && !g.gelu_input && !g.dgelu_input, "gemm",
-        "an fp8 product writes bf16, f16 or f32, one product without GELU epilogues: the ", describe(g));
+  check(g.dtype != DType::f64 && !g.wide_output && g.batch == 1 && !g.dgelu_input && (!g.gelu_input || f.c_codes),
+        "gemm", "an fp8 product writes bf16, f16 or f32 (or codes after GELU), one product, no GELU derivative: the ",
+        describe(g));
+  // (the codes' C takes the epilogue's input as its unread C: beta 0)
+  check(!f.c_codes || (is_fp8(*f.c_codes) && g.gelu_input && f.c_scale && !tiled && g.beta == 0.0 && g.K > 0 &&
+                       g.dtype != DType::f32 && g.c.ld % fp8_row_alignment == 0),
+        "gemm", "fp8 codes as C need the GELU epilogue, a scale, per-tensor scales, beta 0, K > 0, a bf16 or f16 ",
+        "epilogue input and rows a multiple of 16 apart: the ", describe(g));
 }
 
 void validate(const GemmArgs& g) {
@@ -208,6 +220,7 @@ struct Problem {
   cublasLtMatrixLayoutOpaque_t first;   // our B
   cublasLtMatrixLayoutOpaque_t second;  // our A
   cublasLtMatrixLayoutOpaque_t out;     // our C, read (beta != 0) and written
+  cublasLtMatrixLayoutOpaque_t values;  // with C as codes: cuBLASLt's C in dtype (beta 0: never read)
 };
 
 // A row-major stack as a column-major layout: the stored [rows, cols] read as [cols, rows].
@@ -264,6 +277,13 @@ void init_problem(Problem& p, const GemmArgs& g, bool tf32) {
       set(&p.matmul, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(g.fp8->b_scaling), g);
       set(&p.matmul, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(g.fp8->a_scaling), g);
     }
+  }
+  if (writes_codes(g)) {  // (the bias and the epilogue's input would otherwise take the codes' type)
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, g.fp8->c_scale, g);
+    if (g.fp8->c_amax) set(&p.matmul, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, g.fp8->c_amax, g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(data_type(g.dtype)), g);
+    set(&p.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<std::int32_t>(data_type(g.dtype)), g);
+    init_layout(p.values, g.dtype, {g.M, g.N}, g.c.ld, 0, g);
   }
   init_layout(p.first, b_dtype(g), stored_b(g), g.b.ld, stride_of(g.b.batch_stride, g), g);
   init_layout(p.second, a_dtype(g), stored_a(g), g.a.ld, stride_of(g.a.batch_stride, g), g);
@@ -331,12 +351,19 @@ struct Scalars {
   const void* beta() const { return wide ? static_cast<const void*>(&f64[1]) : &f32[1]; }
 };
 
-// D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, C and D at `out`; the status, unchecked.
+// cuBLASLt's C: our C, or, where C is written as codes, the values layout at the epilogue's input (beta 0).
+cublasLtMatrixLayoutOpaque_t* c_layout(Problem& p, const GemmArgs& g) {
+  return writes_codes(g) ? &p.values : &p.out;
+}
+
+// D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, D at `out` (and C, unless written as codes);
+// the status, unchecked.
 cublasStatus_t run_matmul(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Scalars& scalars,
                           const cublasLtMatmulAlgo_t& algo, void* out, const Scratch& workspace,
                           cudaStream_t stream) {
+  const void* c = writes_codes(g) ? g.gelu_input : out;
   return cublasLtMatmul(handle, &p.matmul, scalars.alpha(), g.b.data, &p.first, g.a.data, &p.second, scalars.beta(),
-                        out, &p.out, out, &p.out, &algo, workspace.data(), workspace.bytes(), stream);
+                        c, c_layout(p, g), out, &p.out, &algo, workspace.data(), workspace.bytes(), stream);
 }
 
 // cuBLASLt's candidates for the problem, best first by its heuristic: at least one, at most `count`.
@@ -352,11 +379,11 @@ Candidates candidates(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, co
       static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), g);
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, g);  // cuBLASLt's A is our B
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, g);
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, writes_codes(g) ? key.align_aux : key.align_c, g);
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, g);
   cublasLtMatmulHeuristicResult_t results[tuning_candidates] = {};
   int found = 0;
-  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, &p.matmul, &p.first, &p.second, &p.out, &p.out,
+  TAPEGRAD_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, &p.matmul, &p.first, &p.second, c_layout(p, g), &p.out,
                                                        &preference, std::min(count, tuning_candidates), results,
                                                        &found),
                         describe(g));

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/core/dtype_tag.hpp"
@@ -71,6 +72,13 @@ struct GemmFp8 {
   const float* b_scale_inv = nullptr;
   bool fast_accumulation = false;
   Fp8Scaling a_scaling = Fp8Scaling::tensor, b_scaling = Fp8Scaling::tensor;
+  // Optional, with the GELU epilogue (gelu_input), per-tensor scales and beta 0: C written as fp8 codes of this format
+  // (f8e4m3 or f8e5m2; rows 16 bytes apart) instead of values, code = fp8(GELU · *c_scale) saturated, where a kernel
+  // of its own would read the sum back to quantize it (delayed scaling, whose scale is known before). *c_amax, where
+  // given, is set (not merged) to the largest |GELU| before the scale. The bias and gelu_input stay in `dtype`.
+  std::optional<DType> c_codes{};
+  const float* c_scale = nullptr;
+  float* c_amax = nullptr;
 };
 
 struct GemmArgs {
@@ -95,8 +103,8 @@ struct GemmArgs {
   // C (and the bias) in the compute type (f32 for bf16/f16): the f32 accumulation rounded once to f32, e.g. for a
   // weight gradient that is then rounded once to a parameter dtype. No effect for f32 and f64.
   bool wide_output = false;
-  // Optional: A and B in fp8 (above), C in dtype (bf16, f16 or f32), a bias only with bf16 or f16 and per-tensor
-  // scales; one product, no GELU epilogues.
+  // Optional: A and B in fp8 (above), C in dtype (bf16, f16 or f32) or as codes, a bias only with bf16 or f16 and
+  // per-tensor scales; one product, the GELU epilogue only with C as codes, no GELU-derivative epilogue.
   const GemmFp8* fp8 = nullptr;
 };
 

@@ -368,7 +368,7 @@ template <class T> Var<T> matmul_of_plan(const MatmulPlan& p, const Var<T>& a, c
   return custom_op<MatmulSaved<T>>(
       "matmul",
       [&](MatmulSaved<T>& s, const Tensor<T>& x, const Tensor<T>& y) {
-        s = {p, x, y};
+        s = {p, x, y, {}};
         return product(p, x, y);
       },
       [](const MatmulSaved<T>& s, const NeedsGrad& needs, const Tensor<T>& dc) {

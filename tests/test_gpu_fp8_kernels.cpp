@@ -6,8 +6,8 @@
 // fp8_amax's of those outputs.
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
-// the same dequantized values in double; the layouts, combinations and scale pointers that no FP8 kernel takes
-// refused by name.
+// the same dequantized values in double; GELU in the epilogue written as codes (delayed scaling's forward), with
+// its input and amax; the layouts, combinations and scale pointers that no FP8 kernel takes refused by name.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -466,6 +466,67 @@ TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized ope
   }
 }
 
+TEST_CASE("an fp8 product's GELU epilogue writes its sum, GELU's codes at the scale given and their amax") {
+  // The reference: the same product in f32 (no epilogue), the bias and GELU (tanh) added here in double. The epilogue
+  // takes GELU of the unrounded sum; its sum and GELU may differ from these in the last bits: z within one bf16 step,
+  // each code within one fp8 step of the reference's value, the amax within 1e-3. A's scale is cut by 32 to bring the
+  // sums into GELU's curved range, with codes unsaturated.
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  for (const auto [M, N, K] : {std::array<std::int64_t, 3>{64, 48, 96}, {37, 272, 64}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    const Operand<f8e4m3> a = quantize<f8e4m3>({M, K}, seed);
+    const Operand<f8e4m3> b = quantize<f8e4m3>({N, K}, seed + 1);
+    const Tensor<bf16> bias = randn<bf16>({N}, seed + 2);
+    const Tensor<f8e4m3> a_gpu = a.codes.to(gpu), b_gpu = b.codes.to(gpu);
+    const Tensor<bf16> bias_gpu = bias.to(gpu);
+    const Tensor<float> a_scale_inv = full<float>({1}, a.scale_inv / 32).to(gpu);
+    const Tensor<float> b_scale_inv = full<float>({1}, b.scale_inv).to(gpu);
+    const float scale = 3.5f;
+    const Tensor<float> scale_gpu = full<float>({1}, scale).to(gpu);
+    Tensor<float> amax_gpu = zeros<float>({1}).to(gpu), sums_gpu(Shape{M, N}, gpu);
+    Tensor<bf16> z_gpu(Shape{M, N}, gpu);
+    Tensor<f8e4m3> codes_gpu(Shape{M, N}, gpu);
+    cuda::GemmFp8 fp8{.a_scale_inv = a_scale_inv.data(), .b_scale_inv = b_scale_inv.data()};
+    cuda::GemmArgs args{.dtype = DType::f32,
+                        .M = M,
+                        .N = N,
+                        .K = K,
+                        .a = {a_gpu.data(), K, 0, false},
+                        .b = {b_gpu.data(), K, 0, true},
+                        .c = {sums_gpu.data(), N, 0},
+                        .fp8 = &fp8};
+    cuda::gemm(args, 0);
+    fp8.c_codes = DType::f8e4m3;
+    fp8.c_scale = scale_gpu.data();
+    fp8.c_amax = amax_gpu.data();
+    args.dtype = DType::bf16;
+    args.c.data = codes_gpu.data();
+    args.bias = bias_gpu.data();
+    args.gelu_input = z_gpu.data();
+    REQUIRE_NOTHROW(cuda::gemm(args, 0));
+    const Tensor<float> sums = sums_gpu.to(host);
+    const Tensor<bf16> z = z_gpu.to(host);
+    const Tensor<f8e4m3> codes = codes_gpu.to(host);
+    double amax = 0;
+    std::int64_t far_z = 0, far_codes = 0, other_codes = 0;
+    for (std::int64_t i = 0; i < M * N; ++i) {
+      const double sum = double(sums.flat(i)) + convert<double>(bias.flat(i % N));
+      const double gelu = 0.5 * sum * (1 + std::tanh(0.7978845608028654 * (sum + 0.044715 * sum * sum * sum)));
+      amax = std::max(amax, std::abs(gelu));
+      far_z += std::abs(convert<double>(z.flat(i)) - sum) > std::abs(sum) / 128 + 1e-6;
+      const double want = gelu * scale, got = convert<double>(codes.flat(i));
+      far_codes += std::abs(got - want) > std::abs(want) / 8 + 1.0 / 512;  // one e4m3 step; subnormals 2^-9 apart
+      other_codes += double(fp8::to_float<fp8::Format::e4m3>(fp8::from_double<fp8::Format::e4m3>(want))) != got;
+    }
+    CHECK(far_z == 0);
+    CHECK(far_codes == 0);
+    CHECK(other_codes <= M * N / 20);
+    CHECK(amax_gpu.to(host).flat(0) == doctest::Approx(amax).epsilon(1e-3));
+  }
+}
+
 TEST_CASE("fp8 operands that no FP8 kernel takes are refused naming the product") {
   const Tensor<f8e4m3> a = cast<f8e4m3>(ones<float>({16, 16})).to(gpu), b = a;
   const Tensor<float> scale = ones<float>({1}).to(gpu);
@@ -500,4 +561,19 @@ TEST_CASE("fp8 operands that no FP8 kernel takes are refused naming the product"
   CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("adds a bias only to a bf16 or f16 output"), Error);
   args.bias = nullptr;
   CHECK_NOTHROW(cuda::gemm(args, 0));
+  // codes as C only after the GELU epilogue, and the epilogue on an fp8 product only into codes
+  Tensor<f8e4m3> codes(Shape{16, 16}, gpu);
+  Tensor<bf16> z(Shape{16, 16}, gpu);
+  const Tensor<bf16> bias_bf16 = ones<bf16>({16}).to(gpu);
+  fp8.c_codes = DType::f8e4m3;
+  fp8.c_scale = scale.data();
+  args.dtype = DType::bf16;
+  args.c.data = codes.data();
+  args.bias = bias_bf16.data();
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("fp8 codes as C need the GELU epilogue"), Error);
+  args.gelu_input = z.data();
+  CHECK_NOTHROW(cuda::gemm(args, 0));
+  fp8.c_codes.reset();
+  args.c.data = c.data();
+  CHECK_THROWS_WITH_AS(cuda::gemm(args, 0), doctest::Contains("(or codes after GELU)"), Error);
 }

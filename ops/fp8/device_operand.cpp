@@ -330,6 +330,32 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
   if (c != out) cuda::strided_copy(out_dtype, c, out, {{M, N, N}, {N, 1, 1}}, device_.index);
 }
 
+void DeviceRecipe::gelu_product(const Fp8Codes& a, const Fp8Codes& b, std::int64_t M, std::int64_t N, std::int64_t K,
+                                DType dtype, const void* bias, void* gelu_input, const Fp8Target& out) const {
+  // cuBLASLt sets its amax rather than merging it: into a scratch float, merged after.
+  Tensor<float> amax(Shape{out.amax ? 1 : 0}, device_);
+  const cuda::GemmFp8 fp8{.a = a.format,
+                          .b = b.format,
+                          .a_scale_inv = a.scale_inv,
+                          .b_scale_inv = b.scale_inv,
+                          .fast_accumulation = q_.fast_forward_accumulation,
+                          .c_codes = out.codes.format,
+                          .c_scale = out.scale,
+                          .c_amax = out.amax ? amax.data() : nullptr};
+  cuda::gemm({.dtype = dtype,
+              .M = M,
+              .N = N,
+              .K = K,
+              .a = {a.codes->data(), a.cols, 0, false},
+              .b = {b.transposed->data(), b.transposed_ld, 0, true},
+              .c = {out.codes.codes->data(), N, 0},
+              .bias = bias,
+              .gelu_input = gelu_input,
+              .fp8 = &fp8},
+             device_.index);
+  if (out.amax) cuda::fp8_amax(DType::f32, amax.data(), 1, out.amax, device_.index);
+}
+
 bool quantizes_on_gpu(const Fp8Quantization& q, const fp8::StepWork& work) {
   return cuda::fp8_dispatch() == cuda::Fp8Dispatch::always || fp8::pays_on_gpu(q, work);
 }

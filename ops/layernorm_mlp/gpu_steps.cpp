@@ -9,6 +9,7 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
@@ -46,6 +47,7 @@ template <class T, class P> class GpuSteps {
   using Operand = DeviceOperand<T>;
   using Grad = Tensor<P>;
   using ActivationBackward = ActivationGradients<Operand, Grad>;
+  using First = FirstProduct<T, Operand>;
   using NormBackward = NormGradients<T, Grad>;
 
   explicit GpuSteps(GpuSaved<T>& s)
@@ -79,30 +81,36 @@ template <class T, class P> class GpuSteps {
     return s_.quantizer.input(role, std::move(x), layouts, pass);
   }
 
-  // z (padded, [M, nF]) = h · W1 + b1 rounded to T, and, with the GELU epilogue, a = gelu of the unrounded sum.
-  FirstProduct<T> first_product(const Operand& h) const {
+  // z (padded, [M, nF]) = h · W1 + b1 rounded to T, and, with the GELU epilogue, a = gelu of the unrounded sum: its
+  // values, or with fp8 its codes where the recipe knows a's scale before (a forward's first product).
+  First first_product(const Operand& h) const {
     const auto [M, H, F, n] = s_.padded;
     check(!s_.w1.quantized() || s_.w1.codes.transposed, "layernorm_mlp",
           "an fp8 node on a GPU makes z again only with recompute_all, whose forward keeps W1's transposed codes: run "
           "the forward again rather than a second backward under retain_graph");
-    FirstProduct<T> out{Tensor<T>(Shape{M, n * F}, device_), {}};
-    if (!gelu_epilogue(h)) {
-      s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
-      if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();  // (read here alone)
+    First out{Tensor<T>(Shape{M, n * F}, device_), {}};
+    if (gelu_epilogue(h) && !h.quantized()) {
+      out.a = Tensor<T>(Shape{M, F}, device_);
+      values_product(h.values, false, s_.w1.values, false, M, F, H, s_.b1.data(), 0.0, out.a.values.data(), false,
+                     out.z.data());
       return out;
     }
-    out.a = Tensor<T>(Shape{M, F}, device_);
-    values_product(h.values, false, s_.w1.values, false, M, F, H, s_.b1.data(), 0.0, out.a.data(), false,
-                   out.z.data());
+    if (const auto a = gelu_epilogue(h) ? gelu_codes_target(M, F) : std::nullopt) {
+      s_.quantizer.gelu_product(h, s_.w1, M, F, H, out.z.data(), s_.b1.data(), *a);
+      out.a = a->codes;
+    } else {
+      s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
+    }
+    if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();  // (read here alone)
     return out;
   }
 
   // a (padded, [M, F]): the epilogue's, or the activation kernel's, which writes a's codes itself where the recipe
   // lets it (delayed scaling's known scale, block scaling's tiles along the rows) and the codes are the one layout
   // asked for.
-  Operand activation(const FirstProduct<T>& first, Layouts layouts, Pass pass) const {
+  Operand activation(const First& first, Layouts layouts, Pass pass) const {
     const auto [M, H, F, n] = s_.padded;
-    if (first.a.defined()) return input(fp8::Role::activation, {first.a}, layouts, pass);
+    if (first.a.defined()) return input(fp8::Role::activation, first.a, layouts, pass);
     if (!layouts.rows) {
       if (const auto target = s_.quantizer.target(fp8::Role::activation, M, F, layouts, pass)) {
         const auto& scales = target->codes.scales;
@@ -297,10 +305,17 @@ template <class T, class P> class GpuSteps {
 
  private:
   // Whether GEMM1 applies the activation in cuBLASLt's epilogue (GELU_AUX_BIAS): GELU with a bias, in a type it has
-  // the epilogue for, on values, on rows the epilogue can write (ffn a multiple of 8 elements).
+  // the epilogue for, on rows the epilogue can write (ffn a multiple of 8 elements); with fp8, for a 16-bit z
+  // (cuBLASLt's FP8 kernels misread an f32 bias) where the epilogue can write a's codes (gelu_codes_target).
   bool gelu_epilogue(const Operand& h) const {
     return s_.options.activation == Activation::gelu && s_.b1.defined() && !std::is_same_v<T, double> &&
-           s_.padded.ffn % 8 == 0 && !h.quantized();
+           s_.padded.ffn % 8 == 0 && (!h.quantized() || !std::is_same_v<T, float>);
+  }
+  // Where the forward's GEMM1 writes a's codes [M, F] itself: delayed scaling's, whose one scale per tensor is known
+  // before the product, in the one layout GEMM2 reads. Not in a backward, whose z made again needs no a.
+  std::optional<Fp8Target> gelu_codes_target(std::int64_t M, std::int64_t F) const {
+    if (!params_ || !std::holds_alternative<fp8::DelayedScaling>(s_.options.fp8->recipe)) return std::nullopt;
+    return s_.quantizer.target(fp8::Role::activation, M, F, {.columns = true}, Pass::first);
   }
 
   // A saved weight's codes, given up by the backward after their last product. Only recompute_all's backward can run

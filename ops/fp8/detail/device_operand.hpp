@@ -122,6 +122,12 @@ class DeviceRecipe {
   void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
                std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
                bool forward) const;
+  // A forward product with GELU in its epilogue, written as codes: out's codes [M, N] = fp8(gelu(sum) · scale), the
+  // sum = a · bᵀ + bias (read as product() reads a's codes and b's transpose) rounded to `dtype` (bf16 or f16) into
+  // gelu_input [M, N], and |gelu(sum)|'s maximum merged into out's amax where it has one. `out` is a per-tensor
+  // target (delayed scaling's: a scale known before the product).
+  void gelu_product(const Fp8Codes& a, const Fp8Codes& b, std::int64_t M, std::int64_t N, std::int64_t K, DType dtype,
+                    const void* bias, void* gelu_input, const Fp8Target& out) const;
 
  protected:
   DeviceRecipe(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group)
@@ -242,6 +248,13 @@ template <class T> class DeviceQuantizer {
     }
     recipe_->product(a.codes, Fp8Layout::codes, w.codes, tw == Transpose::no ? Fp8Layout::transposed : Fp8Layout::codes,
                      M, N, K, dtype_v<T>, out, bias, beta, forward);
+  }
+
+  // z [M, N] = h · w + bias rounded to T and a's codes [M, N] = fp8(gelu(z's sum)) at `a`'s scale, in one product
+  // (DeviceRecipe::gelu_product): h's codes, the weight w [K, N] read as product() reads it untransposed.
+  void gelu_product(const DeviceOperand<T>& h, const DeviceOperand<T>& w, std::int64_t M, std::int64_t N,
+                    std::int64_t K, void* z, const void* bias, const Fp8Target& a) const {
+    recipe_->gelu_product(h.codes, w.codes, M, N, K, dtype_v<T>, bias, z, a);
   }
 
   // A weight's gradient aᵀ · b as P [shape] from a [M, K1] and b [M, K2] read along their rows (values, or codes

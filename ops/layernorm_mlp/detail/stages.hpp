@@ -38,7 +38,7 @@ template <class Steps> Forward<typename Steps::Value> forward(Steps& s) {
   Tensor<T> h_rows = s.norm(Statistics::compute);  // this rank's rows
   auto h = s.input(fp8::Role::input, {sharding.gathered_rows(h_rows)}, {.columns = true, .rows = keep_h}, Pass::first);
   if (!s.options().return_layernorm_output) h_rows = {};  // (a quantized h then holds its codes alone)
-  const FirstProduct<T> first = s.first_product(h);
+  const auto first = s.first_product(h);
   if (keep_h) s.keep_h(h.weight_gradient_layout());
   h = {};
   const auto a = s.activation(first, {.columns = true}, Pass::first);

@@ -35,9 +35,11 @@ template <class T> struct Forward {
   Tensor<T> y, h;
 };
 
-// GEMM1's results: z = h · W1 + b1, and a = act(z) where the product's epilogue made it (undefined otherwise).
-template <class T> struct FirstProduct {
-  Tensor<T> z, a;
+// GEMM1's results: z = h · W1 + b1, and a = act(z) where the product's epilogue made it (undefined otherwise): A is
+// a backend's operand (its values, or its codes where the epilogue quantized it).
+template <class T, class A = Tensor<T>> struct FirstProduct {
+  Tensor<T> z;
+  A a;
 };
 
 // Every gradient the backward makes, each undefined unless needed: dx in T, the parameters' in the backend's type G
