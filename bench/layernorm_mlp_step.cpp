@@ -4,7 +4,8 @@
 //       layernorm_mlp_step M H F gelu|swiglu [autotune|heuristic [bf16|delayed|current|block]]   (one command line)
 // gelu: LayerNorm + GELU with biases; swiglu: RMSNorm + SwiGLU without (peer_bench.py's two blocks); the last word
 // quantizes the products to fp8 with that recipe, at every shape (cuda::Fp8Dispatch::always: the fp8 path's kernels
-// even where the default dispatch would run the products in bf16).
+// even where the default dispatch would run the products in bf16). Prints the profiled step's peak extra device memory
+// (`peak_extra_mib`, as bench/gpu_layernorm_mlp.cpp measures it: the most held beyond what was held before it).
 #include <cuda_profiler_api.h>
 
 #include <cstdio>
@@ -36,8 +37,11 @@ int main(int argc, char** argv) {
                                  swiglu ? Activation::swiglu : Activation::gelu, !swiglu, recipe);
   for (int i = 0; i < 3; ++i) block.step();  // kernels made, GEMM algorithms chosen, the pool warm
   cuda::synchronize(0);
+  cuda::reset_peak_memory(0);
+  const std::size_t before = cuda::memory_stats(0).in_use;
   if (cudaProfilerStart() != cudaSuccess) return std::fprintf(stderr, "cudaProfilerStart failed\n"), 1;
   block.step();
   cuda::synchronize(0);
   if (cudaProfilerStop() != cudaSuccess) return std::fprintf(stderr, "cudaProfilerStop failed\n"), 1;
+  std::printf("peak_extra_mib %.1f\n", static_cast<double>(cuda::memory_stats(0).peak_in_use - before) / (1 << 20));
 }

@@ -58,9 +58,13 @@ struct ActivationBackwardCodes {
   float* dz_amax = nullptr;       // *dz_amax = max(*dz_amax, max |dz|); null: none
   const float* a_scale = nullptr;
   void* a_transposed = nullptr;  // [F, transposed_ld] in f8e4m3; null: none
-  std::int64_t transposed_ld = 0;  // the transposes' row length: rows rounded up to 16 (zero codes past rows)
-  void* dbias = nullptr;     // as ActivationGrads's
-  void* partials = nullptr;  // mlp_activation_codes_partials(rows, F, width) elements of the compute type
+  // The transposes' row length: at least rows rounded up to 16, their codes past `rows` up to there made zero (a call
+  // over rows r .. r + rows of a larger tensor, r a multiple of 16, takes that tensor's transposes from column r on).
+  std::int64_t transposed_ld = 0;
+  void* dbias = nullptr;  // as ActivationGrads's, summed from the partials
+  // mlp_activation_codes_partials(rows, F, width) elements of the compute type: each chunk's partial column sums of dz,
+  // written wherever given (a caller that splits the rows adds every call's partials itself: cuda::sum_partials).
+  void* partials = nullptr;
   bool wide_dbias = false;
 };
 

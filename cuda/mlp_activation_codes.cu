@@ -200,9 +200,10 @@ void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm
   check(out.dz_format == DType::f8e4m3 || out.dz_format == DType::f8e5m2, op, "dz's format must be fp8, got ",
         dtype_name(out.dz_format));
   const std::int64_t covered = covered_rows(rows);
-  check(F % fp8_row_alignment == 0 && (!(out.dz_transposed || out.a_transposed) || out.transposed_ld == covered), op,
+  check(F % fp8_row_alignment == 0 && (!(out.dz_transposed || out.a_transposed) || out.transposed_ld >= covered), op,
         "the fused backward needs F (", F, ") in a multiple of ", fp8_row_alignment, " and the transposes' rows (",
-        out.transposed_ld, ") rounded up to ", fp8_row_alignment, " from ", rows);
+        out.transposed_ld, ") at least ", rows, " rounded up to ", fp8_row_alignment);
+  check(!out.dbias || out.partials, op, "the fused backward sums dbias from partials it is given");
   check((out.dz_scale || !(out.dz_codes || out.dz_transposed)) && (out.a_scale || !out.a_transposed), op,
         "the fused backward needs the scales of its codes");
   check(aligned_16(z) && aligned_16(da) && aligned_16(out.dz) && aligned_to(out.dz_codes, 8) &&
@@ -225,7 +226,7 @@ void mlp_activation_backward_codes(DType dtype, int device, const ActivationForm
                            out.a_scale,
                            static_cast<std::uint8_t*>(out.a_transposed),
                            out.transposed_ld,
-                           out.dbias ? static_cast<compute_of<S>*>(out.partials) : nullptr};
+                           static_cast<compute_of<S>*>(out.partials)};
         const auto run_kernel = [&](auto kernel) {
           launch_overlapped(launch, kernel, grid, threads, 0, act, b, rows, covered, F, chunk_rows(covered, F));
         };

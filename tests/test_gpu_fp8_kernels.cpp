@@ -25,6 +25,7 @@
 #include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
 #include "tapegrad/cuda/norm.hpp"
+#include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/fp8/detail/quantize.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -390,6 +391,39 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
             CHECK(test::bitwise_equal(fused_dz_t.to(host), dz_t.to(host)));
             CHECK(test::bitwise_equal(fused_a_t.to(host), a_t.to(host)));
           }
+          // The same over two parts of the rows, as layernorm_mlp's backward takes them (the first of whole 64-row
+          // tiles): each call from its part's first row of z, da and dz's codes and its first column of the
+          // transposes, the parts' partials side by side and summed after.
+          Tensor<f8e4m3> split_codes = filled({rows, width * F}), split_dz_t = filled({width * F, ld}),
+                         split_a_t = filled({F, ld});
+          const std::int64_t split = rows >= 128 ? (rows / 2 + 63) / 64 * 64 : rows;
+          const std::int64_t split_partials_size = cuda::mlp_activation_codes_partials(split, F, width) +
+                                                   cuda::mlp_activation_codes_partials(rows - split, F, width);
+          Tensor<float> split_partials(Shape{std::max<std::int64_t>(1, split_partials_size)}, gpu);
+          Tensor<float> split_db1(Shape{width * F}, gpu);
+          std::int64_t partials_at = 0;
+          for (const auto& [first, count] : {std::pair{std::int64_t{0}, split}, std::pair{split, rows - split}}) {
+            if (count == 0) continue;
+            cuda::mlp_activation_backward_codes(
+                DType::bf16, 0, form, z.data() + first * width * F, da.data() + first * F,
+                {.dz_format = dz_format,
+                 .dz_scale = dz_scale,
+                 .dz_codes = split_codes.data() + first * width * F,
+                 .dz_transposed = every_layout ? split_dz_t.data() + first : nullptr,
+                 .a_scale = a_scale,
+                 .a_transposed = every_layout ? split_a_t.data() + first : nullptr,
+                 .transposed_ld = ld,
+                 .partials = split_partials.data() + partials_at},
+                count, F);
+            partials_at += cuda::mlp_activation_codes_partials(count, F, width);
+          }
+          const cuda::PartialSums split_sums{split_partials.data(), split_db1.data()};
+          cuda::sum_partials(DType::f32, {&split_sums, 1}, split_partials_size / (width * F), width * F, 0);
+          CHECK(test::bitwise_equal(split_codes.to(host), dz_codes.to(host)));
+          if (every_layout) {
+            CHECK(test::bitwise_equal(split_dz_t.to(host), dz_t.to(host)));
+            CHECK(test::bitwise_equal(split_a_t.to(host), a_t.to(host)));
+          }
           // Current scaling's form: dz as values written over z (here a copy of it), its amax, a's transpose.
           Tensor<bf16> dz_over_z = z.clone();
           Tensor<f8e4m3> values_a_t = filled({F, ld});
@@ -405,13 +439,14 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
           const Tensor<float> amaxes = amax.to(host);
           CHECK(amaxes.flat(0) == amaxes.flat(1));
           CHECK(amaxes.flat(0) == amaxes.flat(2));
-          // db1: the same dz summed in another order (f32): within f32's rounding of the sum of |dz|.
+          // db1, whole and split: the same dz summed in other orders (f32): within f32's rounding of the sum of |dz|.
           const Tensor<bf16> dz_host = dz.to(host);
-          const Tensor<float> expected = db1.to(host), got = fused_db1.to(host);
+          const Tensor<float> expected = db1.to(host), got = fused_db1.to(host), got_split = split_db1.to(host);
           for (std::int64_t j = 0; j < width * F; ++j) {
             double magnitude = 0;
             for (std::int64_t r = 0; r < rows; ++r) magnitude += std::abs(static_cast<double>(dz_host.flat(r * width * F + j)));
             CHECK(std::abs(static_cast<double>(got.flat(j)) - expected.flat(j)) <= 1e-6 * magnitude);
+            CHECK(std::abs(static_cast<double>(got_split.flat(j)) - expected.flat(j)) <= 1e-6 * magnitude);
           }
         }
       }

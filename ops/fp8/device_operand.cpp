@@ -278,7 +278,11 @@ std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8
 
 void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
                            std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
-                           const void* bias, double beta, bool forward) const {
+                           const void* bias, double beta, bool forward, std::int64_t a_first_row) const {
+  check(a_first_row == 0 || (a_layout == Fp8Layout::codes && a.scaling == cuda::Fp8Scaling::tensor &&
+                             a_first_row + M <= a.rows),
+        op_, "an fp8 product over rows ", a_first_row, " .. ", a_first_row + M, " of ", a.rows,
+        " reads codes with one scale per tensor, in their own layout");
   struct Operand {
     const void* data;
     std::int64_t ld;
@@ -291,10 +295,12 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
     return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.cols, scales(x.scales)}
                                       : Operand{x.transposed->data(), x.transposed_ld, scales(x.transposed_scales)};
   };
-  const Operand A = operand(a, a_layout), B = operand(b, b_layout);
+  Operand A = operand(a, a_layout);
+  A.data = static_cast<const std::uint8_t*>(A.data) + a_first_row * A.ld;
+  const Operand B = operand(b, b_layout);
   const bool tiled = a.scaling != cuda::Fp8Scaling::tensor || b.scaling != cuda::Fp8Scaling::tensor;
   // Block scaling: A's codes may carry zero rows past M (code_rows); the product then writes them too, to scratch.
-  const std::int64_t rows = a_layout == Fp8Layout::codes ? a.code_rows : M;
+  const std::int64_t rows = a_layout == Fp8Layout::codes && a.scaling != cuda::Fp8Scaling::tensor ? a.code_rows : M;
   std::shared_ptr<Storage> scratch;
   void* c = out;
   if (rows != M) {

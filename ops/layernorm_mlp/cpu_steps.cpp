@@ -105,17 +105,18 @@ template <class T> class CpuSteps {
   bool sums_db2_with_norm() const { return false; }
   Grad column_sums(const Tensor<T>& dy) const { return detail::column_sums(dy, s_.dims.rows, s_.dims.hidden); }
 
-  // g · Wᵀ (+ the addend): da = dy · W2ᵀ [M, F], or dh = dz · W1ᵀ [M, H].
-  Tensor<T> data_gradient(const Operand& g, Weight w, const Tensor<T>* addend = nullptr) const {
+  // dh = dz · W1ᵀ [M, H] (+ the addend).
+  Tensor<T> norm_output_gradient(const Operand& dz, const Tensor<T>* addend = nullptr) const {
     const auto [M, H, F, n] = s_.dims;
-    const Addend<T> add{.matrix = addend ? addend->data() : nullptr};
-    if (w == Weight::w2) return product(g, s_.w2, Transpose::yes, M, F, H, add);
-    return product(g, s_.w1, Transpose::yes, M, H, n * F, add);
+    return product(dz, s_.w1, Transpose::yes, M, H, n * F, {.matrix = addend ? addend->data() : nullptr});
   }
 
-  // From z and da: a = act(z) [M, F] and dz = da · ∂a/∂z [M, nF] in one pass, and db1 = Σ_rows dz where asked for.
-  ActivationBackward activation_backward(Tensor<T> z, Tensor<T> da, Layouts, Layouts, bool need_db1) const {
+  // From z and dy: da = dy · W2ᵀ [M, F] (dy then keeps the layout dW2 reads), and from z and da a = act(z) [M, F] and
+  // dz = da · ∂a/∂z [M, nF] in one pass, and db1 = Σ_rows dz where asked for.
+  ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts, Layouts, bool need_db1) const {
     const auto [M, H, F, n] = s_.dims;
+    const Tensor<T> da = product(dy, s_.w2, Transpose::yes, M, F, H, {});
+    dy = dy.weight_gradient_layout();
     Tensor<T> a(Shape{M, F}), dz(Shape{M, n * F});
     const std::vector<C> db1 = with_activation(activation_form(s_.options), [&](const auto& fn, const auto& gate) {
       return blocked_row_sum<C>(M, need_db1 ? n * F : 0, 3 * n * F, [&](std::int64_t begin, std::int64_t end, C* sum) {

@@ -10,9 +10,11 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "tapegrad/cuda/blaslt.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
+#include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/activation_table.hpp"
 #include "tapegrad/ops/layernorm_mlp/detail/stages.hpp"
 #include "tapegrad/tensor/detail/accumulate.hpp"
@@ -156,31 +158,25 @@ template <class T, class P> class GpuSteps {
     return detail::column_sums<P>(dy, s_.dims.hidden, Shape{s_.dims.hidden});
   }
 
-  // g · Wᵀ (+ the addend), padded: da = dy · W2ᵀ [M, F], or dh = dz · W1ᵀ [M, H] into a fresh tensor (the addend's
-  // copy where there is one). The weight's codes go with their last product.
-  Tensor<T> data_gradient(const Operand& g, Weight w, const Tensor<T>* addend = nullptr) const {
+  // dh = dz · W1ᵀ [M, H], padded, into a fresh tensor (the addend's copy where there is one). W1's codes go with it.
+  Tensor<T> norm_output_gradient(const Operand& dz, const Tensor<T>* addend = nullptr) const {
     const auto [M, H, F, n] = s_.padded;
-    if (w == Weight::w2) {
-      Tensor<T> da(Shape{M, F}, device_);
-      s_.quantizer.product(g, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
-      give_up_codes(s_.w2);
-      return da;
-    }
     Tensor<T> dh;
     if (!addend) dh = Tensor<T>(Shape{M, H}, device_);
     else if (H == s_.dims.hidden) dh = addend->reshape(Shape{M, H}).clone();
     else dh = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
     const Operand w1 = s_.w1_codes && !s_.w1.codes.codes ? s_.w1_codes() : s_.w1;
-    s_.quantizer.product(g, w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
+    s_.quantizer.product(dz, w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
     give_up_codes(s_.w1);
     return dh;
   }
 
-  // From z and da: dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial
-  // rows. Where the recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their
-  // transpose (delayed scaling), a's transpose (delayed and current scaling: a's scale is the forward's), and then
-  // dz's amax beside dz (current scaling); z and da go.
-  ActivationBackward activation_backward(Tensor<T> z, Tensor<T> da, Layouts a_layouts, Layouts dz_layouts,
+  // From z and dy: da = dy · W2ᵀ [M, F] (dy then keeps the layout dW2 reads, W2's codes go), then, from z and da,
+  // dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial rows. Where the
+  // recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their transpose (delayed
+  // scaling), a's transpose (delayed and current scaling: a's scale is the forward's), and then dz's amax beside dz
+  // (current scaling); z goes, and da is made and read in parts of rows (codes_parts), never whole beside the codes.
+  ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
     const auto dz_target = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
@@ -190,19 +186,10 @@ template <class T, class P> class GpuSteps {
     float* const dz_amax = dz_target ? nullptr : s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
     const bool codes = dz_target || a_target || dz_amax;
     std::optional<ParamGrad<P, T>> db1;
-    Tensor<C> partials;
-    if (need_db1) {
-      db1.emplace(Shape{n, s_.dims.ffn}, Shape{n, F}, device_);
-      const int width = static_cast<int>(n);
-      partials = Tensor<C>(Shape{codes ? cuda::mlp_activation_codes_partials(M, F, width)
-                                       : cuda::mlp_activation_partials(M, F, width)},
-                           device_);
-    }
+    if (need_db1) db1.emplace(Shape{n, s_.dims.ffn}, Shape{n, F}, device_);
     ActivationBackward out;
     if (codes) {
-      cuda::ActivationBackwardCodes args{.dbias = db1 ? db1->data() : nullptr,
-                                         .partials = db1 ? partials.data() : nullptr,
-                                         .wide_dbias = ParamGrad<P, T>::wide};
+      cuda::ActivationBackwardCodes args{.wide_dbias = ParamGrad<P, T>::wide};
       if (dz_target) {
         const Fp8Codes& dz_codes = dz_target->codes;
         args.dz_format = dz_codes.format;
@@ -223,8 +210,46 @@ template <class T, class P> class GpuSteps {
         args.transposed_ld = a_target->codes.transposed_ld;
         out.a = a_target->codes;
       }
-      cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data(), da.data(), args, M, F);
+      // Each part's partial rows of db1 side by side, summed after the last.
+      const int width = static_cast<int>(n);
+      const auto parts = codes_parts(M);
+      std::int64_t partials_size = 0;
+      for (const auto& [first, rows] : parts) partials_size += cuda::mlp_activation_codes_partials(rows, F, width);
+      Tensor<C> partials(Shape{db1 ? partials_size : 0}, device_);
+      std::int64_t partials_at = 0;
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        const auto [first, rows] = parts[p];
+        Tensor<T> da(Shape{rows, F}, device_);
+        s_.quantizer.rows_product(dy, first, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false);
+        if (p + 1 == parts.size()) {
+          dy = dy.weight_gradient_layout();
+          give_up_codes(s_.w2);
+        }
+        // The part's rows of each output: from row `first` of dz and dz's codes, from column `first` of the transposes.
+        const auto bytes_on = [](void* x, std::int64_t by) {
+          return x ? static_cast<void*>(static_cast<std::uint8_t*>(x) + by) : nullptr;
+        };
+        cuda::ActivationBackwardCodes part = args;
+        part.dz = bytes_on(args.dz, first * n * F * static_cast<std::int64_t>(sizeof(T)));
+        part.dz_codes = bytes_on(args.dz_codes, first * n * F);
+        part.dz_transposed = bytes_on(args.dz_transposed, first);
+        part.a_transposed = bytes_on(args.a_transposed, first);
+        part.partials = db1 ? partials.data() + partials_at : nullptr;
+        cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data() + first * n * F, da.data(),
+                                            part, rows, F);
+        partials_at += cuda::mlp_activation_codes_partials(rows, F, width);
+      }
+      if (db1) {
+        const cuda::PartialSums sums{partials.data(), db1->data()};
+        cuda::sum_partials(ParamGrad<P, T>::wide ? dtype_v<C> : dtype_v<T>, {&sums, 1}, partials_size / (n * F),
+                           n * F, device_.index);
+      }
     } else {
+      Tensor<T> da(Shape{M, F}, device_);
+      s_.quantizer.product(dy, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
+      dy = dy.weight_gradient_layout();
+      give_up_codes(s_.w2);
+      Tensor<C> partials(Shape{db1 ? cuda::mlp_activation_partials(M, F, static_cast<int>(n)) : 0}, device_);
       cuda::mlp_activation_backward(dtype_v<T>, device_.index, form_, z.data(), da.data(),
                                     {.dz = z.data(),
                                      .a = a_layouts.rows ? da.data() : nullptr,
@@ -316,6 +341,17 @@ template <class T, class P> class GpuSteps {
   std::optional<Fp8Target> gelu_codes_target(std::int64_t M, std::int64_t F) const {
     if (!params_ || !std::holds_alternative<fp8::DelayedScaling>(s_.options.fp8->recipe)) return std::nullopt;
     return s_.quantizer.target(fp8::Role::activation, M, F, {.columns = true}, Pass::first);
+  }
+
+  // The parts of rows [first, first + rows) in which the fused backward takes da: two halves where M has two of the
+  // kernel's 64-row tiles (the first of whole tiles, so that the second starts on a 16-byte column of the transposes),
+  // else one. The kernel then holds half of da beside z and the codes, not all of it: 4 bytes an element of z with
+  // current scaling (z, half of da, a's transposed codes), as bf16's z and da; delayed scaling 6, not 7.
+  static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M) {
+    constexpr std::int64_t tile = 64;
+    if (M < 2 * tile) return {{0, M}};
+    const std::int64_t half = (M / 2 + tile - 1) / tile * tile;
+    return {{0, half}, {half, M - half}};
   }
 
   // A saved weight's codes, given up by the backward after their last product. Only recompute_all's backward can run

@@ -119,9 +119,10 @@ class DeviceRecipe {
   // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless null)
   // where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with fewer
   // bits between partial sums where the quantization's fast_forward_accumulation asks for it, per-tensor scales only).
+  // A starts at a's row `a_first_row` (a's codes with one scale: a product over some of its rows).
   void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
                std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
-               bool forward) const;
+               bool forward, std::int64_t a_first_row = 0) const;
   // A forward product with GELU in its epilogue, written as codes: out's codes [M, N] = fp8(gelu(sum) · scale), the
   // sum = a · bᵀ + bias (read as product() reads a's codes and b's transpose) rounded to `dtype` (bf16 or f16) into
   // gelu_input [M, N], and |gelu(sum)|'s maximum merged into out's amax where it has one. `out` is a per-tensor
@@ -246,8 +247,14 @@ template <class T> class DeviceQuantizer {
       values_product(a.values, false, w.values, tw == Transpose::yes, M, N, K, bias, beta, out);
       return;
     }
+    rows_product(a, 0, w, tw, M, N, K, out, bias, beta, forward);
+  }
+  // product() over a's rows first_row .. first_row + M, a quantized (with one scale per tensor where first_row > 0).
+  void rows_product(const DeviceOperand<T>& a, std::int64_t first_row, const DeviceOperand<T>& w, Transpose tw,
+                    std::int64_t M, std::int64_t N, std::int64_t K, void* out, const void* bias, double beta,
+                    bool forward) const {
     recipe_->product(a.codes, Fp8Layout::codes, w.codes, tw == Transpose::no ? Fp8Layout::transposed : Fp8Layout::codes,
-                     M, N, K, dtype_v<T>, out, bias, beta, forward);
+                     M, N, K, dtype_v<T>, out, bias, beta, forward, first_row);
   }
 
   // z [M, N] = h · w + bias rounded to T and a's codes [M, N] = fp8(gelu(z's sum)) at `a`'s scale, in one product

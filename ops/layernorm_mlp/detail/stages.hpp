@@ -78,10 +78,9 @@ Gradients<typename Steps::Value, typename Steps::Grad> backward(Steps& s, const 
     return g;
   }
 
-  Tensor<T> da = s.data_gradient(dyq, Weight::w2);
-  dyq = dyq.weight_gradient_layout();  // (quantized: the layout da's product read goes, dW2 reads the other)
-  auto activation = s.activation_backward(std::move(z), std::move(da), {.rows = need.w2},
-                                         {.columns = need_dh, .rows = need.w1}, need.b1);
+  // da = dy · W2ᵀ made and read there (quantized: dy keeps the layout dW2 reads, the one da's product read goes)
+  auto activation = s.activation_backward(std::move(z), dyq, {.rows = need.w2}, {.columns = need_dh, .rows = need.w1},
+                                         need.b1);
   g.db1 = std::move(activation.db1);
   if (need.w2) {
     const auto a = s.input(fp8::Role::activation, std::move(activation.a), {.rows = true}, Pass::later);
@@ -103,11 +102,17 @@ Gradients<typename Steps::Value, typename Steps::Grad> backward(Steps& s, const 
   if (sharding.sharded()) {
     // The ranks' partial dh summed beside dW1's product (a GPU sums on a side stream); the returned h's gradient
     // (this rank's rows) joins the sum.
-    dh = s.summed_beside(s.data_gradient(dz, Weight::w1), weight1_gradient);
+    dh = s.summed_beside(s.norm_output_gradient(dz), weight1_gradient);
     if (dh_out) s.add_rows(dh, *dh_out);
+  } else if (dz.quantized()) {
+    // dh's product first: dz's codes along its columns (and W1's, where dh's product makes them again) go before
+    // dW1's output is made
+    dh = s.norm_output_gradient(dz, dh_out);
+    dz = dz.weight_gradient_layout();
+    weight1_gradient();
   } else {
     weight1_gradient();
-    dh = s.data_gradient(dz, Weight::w1, dh_out);
+    dh = s.norm_output_gradient(dz, dh_out);
   }
   dz = {};
   auto norm = s.norm_backward(dh, need, db2_with_norm ? &dy_padded : nullptr);
