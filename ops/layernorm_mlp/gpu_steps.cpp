@@ -212,7 +212,7 @@ template <class T, class P> class GpuSteps {
       }
       // Each part's partial rows of db1 side by side, summed after the last.
       const int width = static_cast<int>(n);
-      const auto parts = codes_parts(M);
+      const auto parts = codes_parts(M, F, H);
       std::int64_t partials_size = 0;
       for (const auto& [first, rows] : parts) partials_size += cuda::mlp_activation_codes_partials(rows, F, width);
       Tensor<C> partials(Shape{db1 ? partials_size : 0}, device_);
@@ -343,14 +343,17 @@ template <class T, class P> class GpuSteps {
     return s_.quantizer.target(fp8::Role::activation, M, F, {.columns = true}, Pass::first);
   }
 
-  // The parts of rows [first, first + rows) in which the fused backward takes da: two halves where M has two of the
-  // kernel's 64-row tiles (the first of whole tiles, so that the second starts on a 16-byte column of the transposes),
-  // else one. The kernel then holds half of da beside z and the codes, not all of it: 4 bytes an element of z with
-  // current scaling (z, half of da, a's transposed codes), as bf16's z and da; delayed scaling 6, not 7.
-  static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M) {
+  // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ: two halves (the
+  // first of whole 64-row tiles of the kernel, so that the second starts on a 16-byte column of the transposes) where
+  // each half's product has at least 2^36 multiply-adds, else one. The kernel then holds half of da beside z and the
+  // codes: 4 bytes an element of z with current scaling (z, half of da, a's transposed codes), as bf16's z and da;
+  // delayed scaling 6, not 7. Two smaller products cost more than one: measured on an H100 by ncu, 7 % more at
+  // (8192, 4096, 16384) (about 1 % of the step) but 44 % at (4096, 1024, 4096), where their fixed costs dominate.
+  static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M, std::int64_t F,
+                                                                        std::int64_t H) {
     constexpr std::int64_t tile = 64;
-    if (M < 2 * tile) return {{0, M}};
     const std::int64_t half = (M / 2 + tile - 1) / tile * tile;
+    if (M < 2 * tile || half * F * H < (std::int64_t{1} << 36)) return {{0, M}};
     return {{0, half}, {half, M - half}};
   }
 
