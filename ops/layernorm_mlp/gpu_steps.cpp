@@ -27,6 +27,7 @@ namespace {
 
 template <class T> const void* data_or_null(const Tensor<T>& t) { return t.defined() ? t.data() : nullptr; }
 void* bytes_of(const std::shared_ptr<Storage>& s) { return s ? s->data() : nullptr; }
+void* bytes_after(void* x, std::int64_t bytes) { return x ? static_cast<std::uint8_t*>(x) + bytes : nullptr; }
 
 // Weight w (W1's or W2's values) as the products of a node of `dims` read it (the quantizer's weight(): rounded to T,
 // its padding queued on `pads`, or quantized, in the layouts asked for).
@@ -175,7 +176,7 @@ template <class T, class P> class GpuSteps {
   // dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial rows. Where the
   // recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their transpose (delayed
   // scaling), a's transpose (delayed and current scaling: a's scale is the forward's), and then dz's amax beside dz
-  // (current scaling); z goes, and da is made and read in parts of rows (codes_parts), never whole beside the codes.
+  // (current scaling); z goes, and da is made and read in parts of rows where it is large (codes_parts).
   ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
@@ -210,40 +211,7 @@ template <class T, class P> class GpuSteps {
         args.transposed_ld = a_target->codes.transposed_ld;
         out.a = a_target->codes;
       }
-      // Each part's partial rows of db1 side by side, summed after the last.
-      const int width = static_cast<int>(n);
-      const auto parts = codes_parts(M, F, H);
-      std::int64_t partials_size = 0;
-      for (const auto& [first, rows] : parts) partials_size += cuda::mlp_activation_codes_partials(rows, F, width);
-      Tensor<C> partials(Shape{db1 ? partials_size : 0}, device_);
-      std::int64_t partials_at = 0;
-      for (std::size_t p = 0; p < parts.size(); ++p) {
-        const auto [first, rows] = parts[p];
-        Tensor<T> da(Shape{rows, F}, device_);
-        s_.quantizer.rows_product(dy, first, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false);
-        if (p + 1 == parts.size()) {
-          dy = dy.weight_gradient_layout();
-          give_up_codes(s_.w2);
-        }
-        // The part's rows of each output: from row `first` of dz and dz's codes, from column `first` of the transposes.
-        const auto bytes_on = [](void* x, std::int64_t by) {
-          return x ? static_cast<void*>(static_cast<std::uint8_t*>(x) + by) : nullptr;
-        };
-        cuda::ActivationBackwardCodes part = args;
-        part.dz = bytes_on(args.dz, first * n * F * static_cast<std::int64_t>(sizeof(T)));
-        part.dz_codes = bytes_on(args.dz_codes, first * n * F);
-        part.dz_transposed = bytes_on(args.dz_transposed, first);
-        part.a_transposed = bytes_on(args.a_transposed, first);
-        part.partials = db1 ? partials.data() + partials_at : nullptr;
-        cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data() + first * n * F, da.data(),
-                                            part, rows, F);
-        partials_at += cuda::mlp_activation_codes_partials(rows, F, width);
-      }
-      if (db1) {
-        const cuda::PartialSums sums{partials.data(), db1->data()};
-        cuda::sum_partials(ParamGrad<P, T>::wide ? dtype_v<C> : dtype_v<T>, {&sums, 1}, partials_size / (n * F),
-                           n * F, device_.index);
-      }
+      backward_codes_in_parts(z, dy, args, db1 ? db1->data() : nullptr);
     } else {
       Tensor<T> da(Shape{M, F}, device_);
       s_.quantizer.product(dy, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
@@ -341,6 +309,44 @@ template <class T, class P> class GpuSteps {
   std::optional<Fp8Target> gelu_codes_target(std::int64_t M, std::int64_t F) const {
     if (!params_ || !std::holds_alternative<fp8::DelayedScaling>(s_.options.fp8->recipe)) return std::nullopt;
     return s_.quantizer.target(fp8::Role::activation, M, F, {.columns = true}, Pass::first);
+  }
+
+  // The fused backward with args' outputs (and db1 into dbias, unless null), over codes_parts's rows: each part's da
+  // made just before its kernel, which starts at the part's row of z, dz and dz's codes and at its column of the
+  // transposes; the parts' partial rows of db1 side by side, summed after the last. dy then keeps the layout dW2
+  // reads, and W2's codes go.
+  void backward_codes_in_parts(const Tensor<T>& z, Operand& dy, const cuda::ActivationBackwardCodes& args,
+                               void* dbias) const {
+    const auto [M, H, F, n] = s_.padded;
+    const int width = static_cast<int>(n);
+    const auto parts = codes_parts(M, F, H);
+    std::int64_t partials_size = 0;
+    for (const auto& [first, rows] : parts) partials_size += cuda::mlp_activation_codes_partials(rows, F, width);
+    Tensor<C> partials(Shape{dbias ? partials_size : 0}, device_);
+    std::int64_t partials_at = 0;
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const auto [first, rows] = parts[p];
+      Tensor<T> da(Shape{rows, F}, device_);
+      s_.quantizer.rows_product(dy, first, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false);
+      if (p + 1 == parts.size()) {
+        dy = dy.weight_gradient_layout();
+        give_up_codes(s_.w2);
+      }
+      cuda::ActivationBackwardCodes part = args;
+      part.dz = bytes_after(args.dz, first * n * F * static_cast<std::int64_t>(sizeof(T)));
+      part.dz_codes = bytes_after(args.dz_codes, first * n * F);
+      part.dz_transposed = bytes_after(args.dz_transposed, first);
+      part.a_transposed = bytes_after(args.a_transposed, first);
+      part.partials = dbias ? partials.data() + partials_at : nullptr;
+      cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data() + first * n * F, da.data(), part,
+                                          rows, F);
+      partials_at += cuda::mlp_activation_codes_partials(rows, F, width);
+    }
+    if (dbias) {
+      const cuda::PartialSums sums{partials.data(), dbias};
+      cuda::sum_partials(ParamGrad<P, T>::wide ? dtype_v<C> : dtype_v<T>, {&sums, 1}, partials_size / (n * F), n * F,
+                         device_.index);
+    }
   }
 
   // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ: two halves (the
