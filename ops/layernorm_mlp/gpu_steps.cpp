@@ -353,8 +353,8 @@ template <class T, class P> class GpuSteps {
   // first of whole 64-row tiles of the kernel, so that the second starts on a 16-byte column of the transposes) where
   // each half's product has at least 2^36 multiply-adds, else one. The kernel then holds half of da beside z and the
   // codes: 4 bytes an element of z with current scaling (z, half of da, a's transposed codes), as bf16's z and da;
-  // delayed scaling 6, not 7. Two smaller products cost more than one: measured on an H100 by ncu, 7 % more at
-  // (8192, 4096, 16384) (about 1 % of the step) but 44 % at (4096, 1024, 4096), where their fixed costs dominate.
+  // delayed scaling 6, not 7. Two smaller products cost more than one: measured on an H100 by ncu, about 6 % more at
+  // (8192, 4096, 16384) (1 % of the step) but 18 % at (4096, 1024, 4096), where their fixed costs weigh more.
   static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M, std::int64_t F,
                                                                         std::int64_t H) {
     constexpr std::int64_t tile = 64;
