@@ -213,10 +213,7 @@ template <class T, class P> class GpuSteps {
       }
       backward_codes_in_parts(z, dy, args, db1 ? db1->data() : nullptr);
     } else {
-      Tensor<T> da(Shape{M, F}, device_);
-      s_.quantizer.product(dy, s_.w2, Transpose::yes, M, F, H, da.data(), nullptr, 0.0, false);
-      dy = dy.weight_gradient_layout();
-      give_up_codes(s_.w2);
+      Tensor<T> da = da_rows(dy, 0, M, true);
       Tensor<C> partials(Shape{db1 ? cuda::mlp_activation_partials(M, F, static_cast<int>(n)) : 0}, device_);
       cuda::mlp_activation_backward(dtype_v<T>, device_.index, form_, z.data(), da.data(),
                                     {.dz = z.data(),
@@ -311,6 +308,19 @@ template <class T, class P> class GpuSteps {
     return s_.quantizer.target(fp8::Role::activation, M, F, {.columns = true}, Pass::first);
   }
 
+  // da = dy · W2ᵀ [rows, F] from dy's row `first`; after the last rows' product dy keeps the layout dW2 reads, and
+  // W2's codes go.
+  Tensor<T> da_rows(Operand& dy, std::int64_t first, std::int64_t rows, bool last) const {
+    const auto [M, H, F, n] = s_.padded;
+    Tensor<T> da(Shape{rows, F}, device_);
+    s_.quantizer.product(dy, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false, first);
+    if (last) {
+      dy = dy.weight_gradient_layout();
+      give_up_codes(s_.w2);
+    }
+    return da;
+  }
+
   // The fused backward with args' outputs (and db1 into dbias, unless null), over codes_parts's rows: each part's da
   // made just before its kernel, which starts at the part's row of z, dz and dz's codes and at its column of the
   // transposes; the parts' partial rows of db1 side by side, summed after the last. dy then keeps the layout dW2
@@ -326,12 +336,7 @@ template <class T, class P> class GpuSteps {
     std::int64_t partials_at = 0;
     for (std::size_t p = 0; p < parts.size(); ++p) {
       const auto [first, rows] = parts[p];
-      Tensor<T> da(Shape{rows, F}, device_);
-      s_.quantizer.rows_product(dy, first, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false);
-      if (p + 1 == parts.size()) {
-        dy = dy.weight_gradient_layout();
-        give_up_codes(s_.w2);
-      }
+      const Tensor<T> da = da_rows(dy, first, rows, p + 1 == parts.size());
       cuda::ActivationBackwardCodes part = args;
       part.dz = bytes_after(args.dz, first * n * F * static_cast<std::int64_t>(sizeof(T)));
       part.dz_codes = bytes_after(args.dz_codes, first * n * F);

@@ -239,20 +239,17 @@ template <class T> class DeviceQuantizer {
   // Where the kernel that makes role's tensor merges its amax (DeviceRecipe::amax_target).
   float* amax_target(fp8::Role role, Pass pass) const { return recipe_ ? recipe_->amax_target(role, pass) : nullptr; }
 
-  // out [M, N] = a · op(w) (+ bias) + beta · out, rounded to T: a [M, K] read along its columns, the weight w [K, N]
-  // (or [N, K] transposed). `forward`: a forward product (fp8's faster accumulation, where asked for).
+  // out [M, N] = a · op(w) (+ bias) + beta · out, rounded to T: a [M, K] read along its columns (from its row
+  // first_row: codes with one scale per tensor), the weight w [K, N] (or [N, K] transposed). `forward`: a forward
+  // product (fp8's faster accumulation, where asked for).
   void product(const DeviceOperand<T>& a, const DeviceOperand<T>& w, Transpose tw, std::int64_t M, std::int64_t N,
-               std::int64_t K, void* out, const void* bias, double beta, bool forward) const {
+               std::int64_t K, void* out, const void* bias, double beta, bool forward,
+               std::int64_t first_row = 0) const {
     if (!a.quantized()) {
+      check(first_row == 0, "product", "values are multiplied from their first row, not row ", first_row);
       values_product(a.values, false, w.values, tw == Transpose::yes, M, N, K, bias, beta, out);
       return;
     }
-    rows_product(a, 0, w, tw, M, N, K, out, bias, beta, forward);
-  }
-  // product() over a's rows first_row .. first_row + M, a quantized (with one scale per tensor where first_row > 0).
-  void rows_product(const DeviceOperand<T>& a, std::int64_t first_row, const DeviceOperand<T>& w, Transpose tw,
-                    std::int64_t M, std::int64_t N, std::int64_t K, void* out, const void* bias, double beta,
-                    bool forward) const {
     recipe_->product(a.codes, Fp8Layout::codes, w.codes, tw == Transpose::no ? Fp8Layout::transposed : Fp8Layout::codes,
                      M, N, K, dtype_v<T>, out, bias, beta, forward, first_row);
   }
