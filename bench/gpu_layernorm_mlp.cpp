@@ -13,7 +13,10 @@
 // counts them as it counts the parameters). Delayed scaling's state stays on the device, so its steps capture too (each
 // replay's forward ends the previous step there). The fp8 steps are quantized at every shape (cuda::Fp8Dispatch::
 // always), the fp8 path's own times, from which bench/fp8_dispatch_fit.py fits the dispatch's model; "fp8_pays" says
-// what the default dispatch (where_it_pays) runs: this step where true, else the bf16 step.
+// what the default dispatch (where_it_pays) runs: this step where true, else the bf16 step. GPU_MLP_CONFIGS and
+// GPU_MLP_PRECISIONS and GPU_MLP_GEMMS (names, comma separated) run only those configurations, precisions and GEMM
+// choices.
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -112,14 +115,23 @@ void run_config(const Config& c, const Precision& precision, bool autotune) {
   }
 }
 
+// Whether `name` is in the comma-separated list of environment variable `variable` (every name where it is unset).
+bool chosen(const char* variable, const std::string& name) {
+  const char* list = std::getenv(variable);
+  return !list || ("," + std::string(list) + ",").find("," + name + ",") != std::string::npos;
+}
+
 }  // namespace
 
 void gpu_layernorm_mlp() {
   if (!gpu_available("gpu_layernorm_mlp")) return;
   cuda::set_fp8_dispatch(cuda::Fp8Dispatch::always);
   for (const bool autotune : {false, true}) {
+    if (!chosen("GPU_MLP_GEMMS", autotune ? "autotuned" : "heuristic")) continue;
     for (const Config& c : configs) {
-      for (const Precision& p : precisions) run_config(c, p, autotune);
+      for (const Precision& p : precisions) {
+        if (chosen("GPU_MLP_CONFIGS", c.name) && chosen("GPU_MLP_PRECISIONS", p.name)) run_config(c, p, autotune);
+      }
     }
   }
   cuda::set_gemm_autotune(false);
