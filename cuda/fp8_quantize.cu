@@ -2,7 +2,8 @@
 // x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread loads two
 // runs of 8 elements of a row (16- or 32-byte loads, both in flight at once) and converts them in pairs (8-byte stores
 // of codes), the tile's codes go through shared memory as 4-byte words, and runs of 8 codes down a column are written
-// as 8 bytes of the transpose.
+// as 8 bytes of the transpose. Quantized over itself (fp8_quantize_over), a row is read and written by one block, a
+// chunk of it at a time from its start.
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
 #include <algorithm>
@@ -102,6 +103,27 @@ template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_thr
   if (j.amax_bits) merge_amax(m, j.amax_bits);  // (the same for every thread of the block)
 }
 
+// Each block takes whole rows; of a row, chunks of over_threads runs in order, each chunk's loads, a barrier, then its
+// codes. A chunk's codes land on bytes that held elements of that chunk or an earlier one (a code takes no more bytes
+// than an element), all loaded before the barrier; a later chunk's elements lie past them.
+constexpr int over_threads = 256;
+template <class S, fp8::Format F>
+__global__ void __launch_bounds__(over_threads)
+    quantize_over_kernel(S* x, std::int64_t rows, std::int64_t cols, const float* scale_at) {
+  wait_for_prior_kernels();
+  const float scale = *scale_at;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    S* row = x + r * cols;
+    for (std::int64_t c0 = 0; c0 < cols; c0 += over_threads * run) {
+      const std::int64_t c = c0 + threadIdx.x * run;
+      float v[run];
+      if (c < cols) load_run(row + c, v);
+      __syncthreads();
+      if (c < cols) *reinterpret_cast<uint2*>(reinterpret_cast<std::uint8_t*>(row) + c) = to_fp8_run<F>(v, scale);
+    }
+  }
+}
+
 fp8::Format format_of(DType format, const char* op) {
   check(is_fp8(format), op, "the format must be f8e4m3 or f8e5m2, got ", dtype_name(format));
   return format == DType::f8e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
@@ -168,6 +190,29 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
       launch_overlapped(launch, quantize_kernel<S, fp8::Format::e4m3>, blocks, quantize_threads, 0, job);
     } else {
       launch_overlapped(launch, quantize_kernel<S, fp8::Format::e5m2>, blocks, quantize_threads, 0, job);
+    }
+  });
+}
+
+void fp8_quantize_over(const Fp8QuantizeOver& q, int device) {
+  constexpr const char* op = "fp8_quantize_over";
+  check(q.rows >= 0 && q.cols >= 0, op, "negative size [", q.rows, ", ", q.cols, "]");
+  check(q.cols % run == 0 && reinterpret_cast<std::uintptr_t>(q.x) % 16 == 0, op,
+        "quantizes rows of a multiple of ", run, " elements from a 16-byte boundary, not ", q.cols);
+  check(q.scale != nullptr, op, "needs the scale to quantize by");
+  const fp8::Format f = format_of(q.format, op);
+  if (q.rows == 0 || q.cols == 0) return;
+  const Launch launch(device);
+  dispatch_quantized(q.dtype, op, [&](auto tag) {
+    using S = decltype(tag);
+    const int blocks = launch.blocks_for(q.rows * over_threads, over_threads);
+    S* x = static_cast<S*>(q.x);
+    if (f == fp8::Format::e4m3) {
+      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e4m3>, blocks, over_threads, 0, x, q.rows,
+                        q.cols, q.scale);
+    } else {
+      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e5m2>, blocks, over_threads, 0, x, q.rows,
+                        q.cols, q.scale);
     }
   });
 }

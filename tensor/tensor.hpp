@@ -112,6 +112,8 @@ template <class T> class Tensor {
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
   // Whether no other tensor uses this one's memory (so that writing into it changes no other tensor's value).
   bool owns_storage_alone() const { return storage_.use_count() == 1; }
+  // That memory (for what keeps it past the tensor: its contents rewritten in another form).
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
 
  private:
   // Two compares on the access path; the messages are built out of line.

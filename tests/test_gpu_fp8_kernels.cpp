@@ -215,6 +215,53 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
                        Error);
 }
 
+// Quantizes x [rows, cols] over itself (fp8_quantize_over) to F at a scale of the tensor's amax and checks each row's
+// first cols bytes against the CPU's codes.
+template <class F, class T> void check_quantization_over(const Tensor<T>& x) {
+  INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), " over itself, shape ", x.shape());
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = cols * std::int64_t{sizeof(T)};
+  const float scale = fp8::current_scale(detail::amax_of(x), fp8::max_value<F::format>());
+  Tensor<T> x_gpu = x.to(gpu);
+  const Tensor<float> scale_gpu = full<float>({1}, scale).to(gpu);
+  cuda::fp8_quantize_over({.dtype = dtype_v<T>,
+                           .x = x_gpu.data(),
+                           .rows = rows,
+                           .cols = cols,
+                           .format = dtype_v<F>,
+                           .scale = scale_gpu.data()},
+                          0);
+  const Tensor<T> over = x_gpu.to(host);
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(over.data());
+  std::int64_t bad = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const double scaled = static_cast<double>(convert<float>(x.flat(r * cols + c)) * scale);
+      bad += bytes[r * ld + c] != fp8::from_double<F::format>(scaled);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, rows a row's bytes apart") {
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  // One run; a row of one chunk cut short, of several chunks and a part; more rows than the grid's blocks (it strides).
+  for (const Shape& shape : {Shape{1, 8}, Shape{37, 136}, Shape{5, 22016}, Shape{3, 6152}, Shape{9000, 16}}) {
+    const Tensor<float> x = randn<float>(shape, seed, 0.0, 2.0);
+    check_quantization_over<f8e4m3>(x);
+    check_quantization_over<f8e5m2>(x);
+    check_quantization_over<f8e4m3>(cast<bf16>(x));
+    check_quantization_over<f8e5m2>(cast<bf16>(x));
+    check_quantization_over<f8e4m3>(cast<f16>(x));
+  }
+  Tensor<float> x = zeros<float>({2, 12}).to(gpu);
+  const Tensor<float> scale = full<float>({1}, 1.0).to(gpu);
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize_over({.x = x.data(), .rows = 2, .cols = 12, .scale = scale.data()}, 0),
+                       doctest::Contains("fp8_quantize_over: quantizes rows of a multiple of 8 elements"), Error);
+  CHECK_THROWS_WITH_AS(cuda::fp8_quantize_over({.x = x.data(), .rows = 2, .cols = 8}, 0),
+                       doctest::Contains("fp8_quantize_over: needs the scale to quantize by"), Error);
+}
+
 TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
   // Random bit patterns (every exponent: normals, subnormals of f32 and of fp8, values that saturate), the values
   // halfway between neighbouring codes (ties) and next to them, ±0, ±infinity and NaNs; scale 1.

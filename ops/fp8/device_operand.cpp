@@ -46,6 +46,23 @@ class PerTensorScaling : public DeviceRecipe {
                        device_.index);
     return out;
   }
+  std::optional<Fp8Codes> quantize_over(fp8::Role role, std::shared_ptr<Storage> values, const QuantizeSource& x,
+                                        Pass pass) const override {
+    if (x.padded_rows != x.rows || x.padded_cols != x.cols || x.cols % 8 != 0 || values->data() != x.x) {
+      return std::nullopt;
+    }
+    Fp8Codes out = quantize(role, x, {.rows = true}, pass);
+    cuda::fp8_quantize_over({.dtype = x.dtype,
+                             .x = values->data(),
+                             .rows = x.rows,
+                             .cols = x.cols,
+                             .format = out.format,
+                             .scale = slot(role, scale_field)},
+                            device_.index);
+    out.codes = std::move(values);
+    out.codes_ld = x.cols * static_cast<std::int64_t>(dtype_size(x.dtype));
+    return out;
+  }
 
  protected:
   static constexpr int scale_inv_field = 0, scale_field = 1, amax_field = 2, fields = 4;
@@ -61,7 +78,7 @@ class PerTensorScaling : public DeviceRecipe {
     Fp8Codes out;
     out.format = format_of(role);
     out.rows = out.code_rows = rows;
-    out.cols = cols;
+    out.cols = out.codes_ld = cols;
     out.transposed_ld = round_up(rows, cuda::fp8_row_alignment);
     if (layouts.columns) out.codes = bytes(rows * cols);
     if (layouts.rows) out.transposed = bytes(cols * out.transposed_ld);
@@ -230,7 +247,7 @@ class BlockScaling final : public DeviceRecipe {
     Fp8Codes out;
     out.format = DType::f8e4m3;
     out.rows = rows;
-    out.cols = cols;
+    out.cols = out.codes_ld = cols;
     out.code_rows = round_up(rows, 4);
     out.transposed_ld = round_up(rows, fp8::block_tile);
     out.scaling = fp8::is_weight(role) ? cuda::Fp8Scaling::blocks_128x128 : cuda::Fp8Scaling::tiles_1x128;
@@ -256,6 +273,11 @@ std::optional<Fp8Target> DeviceRecipe::target(fp8::Role, std::int64_t, std::int6
 }
 
 float* DeviceRecipe::amax_target(fp8::Role, Pass) const { return nullptr; }
+
+std::optional<Fp8Codes> DeviceRecipe::quantize_over(fp8::Role, std::shared_ptr<Storage>, const QuantizeSource&,
+                                                    Pass) const {
+  return std::nullopt;
+}
 
 std::shared_ptr<Storage> DeviceRecipe::bytes(std::int64_t count) const {
   return Storage::allocate(static_cast<std::size_t>(count), device_);
@@ -292,7 +314,7 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
     const auto scales = [&](const std::shared_ptr<Storage>& s) {
       return s ? static_cast<const float*>(s->data()) : x.scale_inv;
     };
-    return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.cols, scales(x.scales)}
+    return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.codes_ld, scales(x.scales)}
                                       : Operand{x.transposed->data(), x.transposed_ld, scales(x.transposed_scales)};
   };
   Operand A = operand(a, a_layout);
@@ -352,7 +374,7 @@ void DeviceRecipe::gelu_product(const Fp8Codes& a, const Fp8Codes& b, std::int64
               .M = M,
               .N = N,
               .K = K,
-              .a = {a.codes->data(), a.cols, 0, false},
+              .a = {a.codes->data(), a.codes_ld, 0, false},
               .b = {b.transposed->data(), b.transposed_ld, 0, true},
               .c = {out.codes.codes->data(), N, 0},
               .bias = bias,

@@ -80,7 +80,12 @@ template <class T, class P> class GpuSteps {
     return h;
   }
 
+  // Role's operand. dz's codes in both layouts, of a gated activation, go over dz's own values where the recipe can:
+  // dz (twice a's size) beside both would be the step's peak, above bf16's.
   Operand input(fp8::Role role, Operand x, Layouts layouts, Pass pass) const {
+    if (role == fp8::Role::grad_hidden && layouts.columns && layouts.rows && form_.width() == 2) {
+      return s_.quantizer.input_over(role, std::move(x), pass);
+    }
     return s_.quantizer.input(role, std::move(x), layouts, pass);
   }
 
@@ -175,12 +180,16 @@ template <class T, class P> class GpuSteps {
   // From z and dy: da = dy · W2ᵀ [M, F] (dy then keeps the layout dW2 reads, W2's codes go), then, from z and da,
   // dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial rows. Where the
   // recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their transpose (delayed
-  // scaling), a's transpose (delayed and current scaling: a's scale is the forward's), and then dz's amax beside dz
-  // (current scaling); z goes, and da is made and read in parts of rows where it is large (codes_parts).
+  // scaling, an ungated activation), a's transpose (delayed and current scaling: a's scale is the forward's), and
+  // then dz's amax beside dz (current scaling); z goes, and da is made and read in parts of rows where it is large
+  // (codes_parts).
   ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
-    const auto dz_target = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
+    // (a gated activation's dz is twice a's size: its codes in both layouts beside z would hold more than bf16's step,
+    // so it is written over z and quantized over itself after dW2's product, as current scaling's is; see input())
+    const auto dz_target =
+        n == 2 ? std::nullopt : s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
     std::optional<Fp8Target> a_target;
     if (a_layouts.rows || dz_target) a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
     // (current scaling: whether or not a's codes are asked for, so that db1's sums are the same either way)

@@ -40,11 +40,12 @@ namespace tapegrad::detail {
 // dequantization scale its role has in the step; with block scaling, each layout's tiles' scales instead (laid out as
 // cuda/blaslt.hpp's `scaling` says), and the codes' rows `code_rows` (zero past `rows`): cuBLASLt's block-scaled
 // products read an operand's 1×128 scales in rows of exactly its row count, which must keep them 16-byte aligned, a
-// multiple of 4.
+// multiple of 4. The codes' rows are codes_ld bytes apart: cols, or more where they were written over wider values
+// (DeviceRecipe::quantize_over).
 struct Fp8Codes {
   DType format = DType::f8e4m3;
   std::shared_ptr<Storage> codes, transposed;
-  std::int64_t rows = 0, cols = 0, code_rows = 0, transposed_ld = 0;
+  std::int64_t rows = 0, cols = 0, code_rows = 0, codes_ld = 0, transposed_ld = 0;
   const float* scale_inv = nullptr;
   Tensor<float> scalars;  // what scale_inv points into, kept with the codes (a weight cache keeps them past the step)
   cuda::Fp8Scaling scaling = cuda::Fp8Scaling::tensor;
@@ -101,6 +102,12 @@ class DeviceRecipe {
   // quantization of a tensor makes the role's scale from its amax (current scaling) or records its amax (delayed); a
   // later one (the backward's, a recompute's) uses the step's scale.
   virtual Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const = 0;
+  // x's codes in both layouts, those along its columns written over x itself (`values`, x's storage, which they then
+  // keep: x is given up), so that they take no memory beside x's but their transpose's: the transpose first, by
+  // quantize(), then the codes row by row at the scale it made or read. None where the recipe cannot (block
+  // scaling's tiles), or x is padded: quantize() then.
+  virtual std::optional<Fp8Codes> quantize_over(fp8::Role role, std::shared_ptr<Storage> values,
+                                                const QuantizeSource& x, Pass pass) const;
   // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the
   // recipe has no scale before the tensor exists (the kernel writes values, which quantize() reads): delayed
   // scaling's, current scaling's in a later pass (the first made the step's scale), and block scaling's for one
@@ -227,6 +234,17 @@ template <class T> class DeviceQuantizer {
     if (!recipe_ || x.quantized()) return x;
     const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
     return recipe_->quantize(role, {dtype_v<T>, x.values.data(), rows, cols, rows, cols}, layouts, pass);
+  }
+
+  // Input `role` (values [rows, cols], which no other tensor shares) in both layouts, its codes along the columns
+  // written over its own values where the recipe can (DeviceRecipe::quantize_over), else beside them.
+  DeviceOperand<T> input_over(fp8::Role role, DeviceOperand<T> x, Pass pass) const {
+    constexpr Layouts both{.columns = true, .rows = true};
+    if (!recipe_ || x.quantized() || !x.values.owns_storage_alone()) return input(role, std::move(x), both, pass);
+    const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
+    const QuantizeSource source{dtype_v<T>, x.values.data(), rows, cols, rows, cols};
+    if (auto codes = recipe_->quantize_over(role, x.values.storage(), source, pass)) return std::move(*codes);
+    return recipe_->quantize(role, source, both, pass);
   }
 
   // Where the kernel that makes role's tensor writes its codes itself, where the recipe can say so before the tensor
