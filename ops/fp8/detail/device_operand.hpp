@@ -239,12 +239,12 @@ template <class T> class DeviceQuantizer {
   // Input `role` (values [rows, cols], which no other tensor shares) in both layouts, its codes along the columns
   // written over its own values where the recipe can (DeviceRecipe::quantize_over), else beside them.
   DeviceOperand<T> input_over(fp8::Role role, DeviceOperand<T> x, Pass pass) const {
-    constexpr Layouts both{.columns = true, .rows = true};
-    if (!recipe_ || x.quantized() || !x.values.owns_storage_alone()) return input(role, std::move(x), both, pass);
-    const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
-    const QuantizeSource source{dtype_v<T>, x.values.data(), rows, cols, rows, cols};
-    if (auto codes = recipe_->quantize_over(role, x.values.storage(), source, pass)) return std::move(*codes);
-    return recipe_->quantize(role, source, both, pass);
+    if (recipe_ && !x.quantized() && x.values.owns_storage_alone()) {
+      const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
+      const QuantizeSource source{dtype_v<T>, x.values.data(), rows, cols, rows, cols};
+      if (auto codes = recipe_->quantize_over(role, x.values.storage(), source, pass)) return std::move(*codes);
+    }
+    return input(role, std::move(x), {.columns = true, .rows = true}, pass);
   }
 
   // Where the kernel that makes role's tensor writes its codes itself, where the recipe can say so before the tensor
