@@ -44,9 +44,9 @@ Dims gathered_q(const Problem& p) { return {p.Sq * p.q_heads * p.D, p.D, p.q_hea
 
 bool padded(const Problem& p) { return p.q_lengths || p.kv_lengths; }
 
-Key key_of(DType dtype, const Problem& p, bool backward, int device) {
+Key key_of(DType dtype, const Problem& p, bool backward, int device, DType gradient_dtype = {}) {
   const std::optional<Dims> q = strides_of(p.q);
-  return {.backward = backward, .device = device, .dtype = dtype, .batch = p.batch, .q_heads = p.q_heads,
+  return {.backward = backward, .device = device, .dtype = dtype, .gradient_dtype = is_fp8(dtype) && backward ? gradient_dtype : DType{}, .batch = p.batch, .q_heads = p.q_heads,
           .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv, .q = q ? *q : gathered_q(p),
           .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o),
           .right_bound = p.causal ? 0 : p.window_right, .left_bound = p.window_left,
@@ -54,16 +54,39 @@ Key key_of(DType dtype, const Problem& p, bool backward, int device) {
           .padding = padded(p)};
 }
 
-bool rows_on_16_bytes(const RowStrides& r, bool gathered) {
+// Whether r's rows start on 16 bytes (16 / the element size elements).
+bool rows_on_16_bytes(const RowStrides& r, bool gathered, DType dtype) {
   const std::optional<Dims> s = strides_of(r);
   if (gathered && !s) return true;  // read by the gather, whose copy is aligned
-  return s && r.offset % 8 == 0 && (*s)[0] % 8 == 0 && (*s)[1] % 8 == 0 && (*s)[2] % 8 == 0;
+  const auto n = static_cast<std::int64_t>(16 / dtype_size(dtype));
+  return s && r.offset % n == 0 && (*s)[0] % n == 0 && (*s)[1] % n == 0 && (*s)[2] % n == 0;
+}
+
+// Why the FP8 graphs cannot express the problem on this device, beyond what every graph needs (TransformerEngine's
+// and cudnn-frontend's limits on Hopper); empty when they can.
+std::string fp8_unexpressible(const Problem& p, bool backward, int device) {
+  int major = 0;
+  TAPEGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) return detail::concat("a device of compute capability ", major, ".x (FP8 attention: 9.x)");
+  if (p.window_left >= 0 || (!p.causal && p.window_right >= 0)) return "a sliding window with FP8";
+  if (padded(p)) return "per-batch lengths with FP8";
+  if (p.causal && p.bottom_right && p.Sq != p.Sk) return "a bottom-right causal mask with FP8";
+  if (p.D % 16 != 0 || p.Dv % 16 != 0) return detail::concat("head sizes ", p.D, " and ", p.Dv, " (FP8: multiples of 16)");
+  if (backward && (p.D != 128 || p.Dv != 128)) {
+    return detail::concat("head sizes ", p.D, " and ", p.Dv, " in the backward (FP8 on Hopper: 128 only)");
+  }
+  if (cudnn::api()->version() < 90700 && (p.Sq % 128 != 0 || p.Sk % 128 != 0)) {
+    return "sequences not a multiple of 128 with FP8 before cuDNN 9.7";
+  }
+  return {};
 }
 
 // Why cuDNN's graphs cannot express the problem (before asking cuDNN itself); empty when they can.
-std::string unexpressible(DType dtype, const Problem& p, bool backward) {
+std::string unexpressible(DType dtype, const Problem& p, bool backward, int device) {
   if (!cudnn::api()) return detail::concat("cuDNN could not be loaded: ", cudnn::unavailable());
-  if (dtype != DType::bf16 && dtype != DType::f16) return detail::concat("dtype ", dtype_name(dtype));
+  if (dtype != DType::bf16 && dtype != DType::f16 && dtype != DType::f8e4m3) {
+    return detail::concat("dtype ", dtype_name(dtype));
+  }
   if (p.dropout > 0) return "dropout (cuDNN draws its own numbers)";
   if (p.has_bias) return "a bias";
   if (p.D % 8 != 0 || p.Dv % 8 != 0 || p.D > 256 || p.Dv > 256) {
@@ -89,11 +112,16 @@ std::string unexpressible(DType dtype, const Problem& p, bool backward) {
     return "cuDNN 9.15.0 and older's backward with a key count not a multiple of 128";
   }
   if (backward && p.Sq == 1 && p.Sk == 1) return "one query and one key";
-  if (!rows_on_16_bytes(p.q, true) || !rows_on_16_bytes(p.k, false) || !rows_on_16_bytes(p.v, false) ||
-      !rows_on_16_bytes(p.o, false)) {
+  if (!rows_on_16_bytes(p.q, true, dtype) || !rows_on_16_bytes(p.k, false, dtype) ||
+      !rows_on_16_bytes(p.v, false, dtype) || !rows_on_16_bytes(p.o, false, dtype)) {
     return "rows that do not start on 16 bytes";
   }
-  return {};
+  return is_fp8(dtype) ? fp8_unexpressible(p, backward, device) : std::string();
+}
+
+cudnn::Graph graph_of(const Key& key) {
+  if (is_fp8(key.dtype)) return key.backward ? cudnn::sdpa_fp8_backward_graph(key) : cudnn::sdpa_fp8_forward_graph(key);
+  return key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key);
 }
 
 // With set_attention_autotune: how many of cuDNN's heuristic choices a problem's first call times.
@@ -114,7 +142,7 @@ const Entry& entry(const Key& key) {
   if (inserted) {
     try {
       const OnDevice on(key.device);
-      cudnn::Graph graph = key.backward ? cudnn::sdpa_backward_graph(key) : cudnn::sdpa_forward_graph(key);
+      cudnn::Graph graph = graph_of(key);
       at->second.plan = std::make_unique<cudnn::Plan>(std::move(graph), cudnn::handle(key.device),
                                                       attention_autotune() ? autotune_candidates : 1,
                                                       key.deterministic);
@@ -129,10 +157,11 @@ const Entry& entry(const Key& key) {
 }
 
 // The plan for the problem, null with `refusal` set when cuDNN does not run it.
-const cudnn::Plan* plan_for(DType dtype, const Problem& p, bool backward, int device, std::string& refusal) {
-  refusal = unexpressible(dtype, p, backward);
+const cudnn::Plan* plan_for(DType dtype, const Problem& p, bool backward, int device, std::string& refusal,
+                            DType gradient_dtype = {}) {
+  refusal = unexpressible(dtype, p, backward, device);
   if (!refusal.empty()) return nullptr;
-  const Entry& e = entry(key_of(dtype, p, backward, device));
+  const Entry& e = entry(key_of(dtype, p, backward, device, gradient_dtype));
   refusal = e.refusal;
   return e.plan.get();
 }
@@ -244,6 +273,38 @@ class Inputs {
   std::int32_t* key_lengths() const { return query_lengths() ? query_lengths() + key_lengths_at_ : nullptr; }
 };
 
+// The FP8 graphs' scales and amaxes bound to their uids (each checked to start on 16 bytes, as the graphs declare),
+// the amaxes zeroed first on the current stream (whether cuDNN's engines merge into them or set them).
+void bind_fp8(std::vector<cudnn::Binding>& bindings, const cuda::Fp8AttentionScales& s,
+              const cuda::Fp8AttentionAmaxes& a, bool backward, int device) {
+  const std::vector<cudnn::Binding> scales =
+      backward ? std::vector<cudnn::Binding>{{descale_q_uid, s.descale_q},   {descale_k_uid, s.descale_k},
+                                             {descale_v_uid, s.descale_v},   {scale_s_uid, s.scale_s},
+                                             {descale_s_uid, s.descale_s},   {descale_o_uid, s.descale_o},
+                                             {descale_dout_uid, s.descale_dout}, {scale_dp_uid, s.scale_dp},
+                                             {descale_dp_uid, s.descale_dp}, {scale_dq_uid, s.scale_dq},
+                                             {scale_dk_uid, s.scale_dk},     {scale_dv_uid, s.scale_dv}}
+               : std::vector<cudnn::Binding>{{descale_q_uid, s.descale_q}, {descale_k_uid, s.descale_k},
+                                             {descale_v_uid, s.descale_v}, {scale_s_uid, s.scale_s},
+                                             {descale_s_uid, s.descale_s}, {scale_o_uid, s.scale_o}};
+  const std::vector<std::pair<std::int64_t, float*>> amaxes =
+      backward ? std::vector<std::pair<std::int64_t, float*>>{{amax_dp_uid, a.dp}, {amax_dq_uid, a.dq},
+                                                              {amax_dk_uid, a.dk}, {amax_dv_uid, a.dv}}
+               : std::vector<std::pair<std::int64_t, float*>>{{amax_s_uid, a.s}, {amax_o_uid, a.o}};
+  for (const cudnn::Binding& b : scales) {
+    check(b.pointer && on_16_bytes({b.pointer}), "dot_product_attention",
+          "FP8 attention's scales must each start on 16 bytes of device memory (scale ", b.uid, ")");
+    bindings.push_back(b);
+  }
+  const cudaStream_t stream = current_stream(device);
+  for (const auto& [uid, amax] : amaxes) {
+    check(amax && on_16_bytes({amax}), "dot_product_attention",
+          "FP8 attention's amaxes must each start on 16 bytes of device memory (amax ", uid, ")");
+    TAPEGRAD_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+    bindings.push_back({uid, amax});
+  }
+}
+
 }  // namespace
 
 std::int64_t cudnn_attention_candidates_timed() { return candidates_timed.load(); }
@@ -289,6 +350,66 @@ bool cudnn_attention_backward(DType dtype, const Problem& p, const void* q, cons
     attention_clear_padding(dtype, p, dv, p.v, p.kv_heads, p.Dv, false, nullptr, device);
   }
   return true;
+}
+
+}  // namespace tapegrad::cuda
+
+namespace tapegrad::cuda {
+
+std::string cudnn_attention_fp8_refusal(const Problem& p, bool backward, DType gradient_dtype, int device) {
+  std::string refusal;
+  plan_for(DType::f8e4m3, p, backward, device, refusal, gradient_dtype);
+  return refusal;
+}
+
+bool cudnn_attention_fp8_forward(const Problem& p, const void* q, const void* k, const void* v, void* o,
+                                 void* log_sums, const Fp8AttentionScales& scales, const Fp8AttentionAmaxes& amaxes,
+                                 int device) {
+  constexpr DType e4m3 = DType::f8e4m3;
+  std::string refusal;
+  const cudnn::Plan* plan = plan_for(e4m3, p, false, device, refusal);
+  if (!plan || !on_16_bytes({q, k, v, o})) return false;
+  Inputs inputs(e4m3, p, q, k, v, o, log_sums, device);
+  const OnDevice on(device);
+  bind_fp8(inputs.bindings, scales, amaxes, false, device);
+  run(*plan, device, inputs.bindings);
+  return true;
+}
+
+bool cudnn_attention_fp8_backward(const Problem& p, DType gradient_dtype, const void* q, const void* k, const void* v,
+                                  const void* o, const void* log_sums, const void* dout, void* dq, void* dk, void* dv,
+                                  const Fp8AttentionScales& scales, const Fp8AttentionAmaxes& amaxes, int device) {
+  constexpr DType e4m3 = DType::f8e4m3;
+  check(is_fp8(gradient_dtype), "dot_product_attention", "FP8 attention's gradients in ", dtype_name(gradient_dtype),
+        " (f8e4m3 or f8e5m2)");
+  std::string refusal;
+  const cudnn::Plan* plan = plan_for(e4m3, p, true, device, refusal, gradient_dtype);
+  if (!plan || !on_16_bytes({q, k, v, o, dout, dq, dk, dv})) return false;
+  Inputs inputs(e4m3, p, q, k, v, o, log_sums, device);
+  const Scratch dq_copy(inputs.gathered ? q_bytes(gradient_dtype, p) : 0, device);
+  inputs.bindings.insert(inputs.bindings.end(),
+                         {{dout_uid, at(dout, p.o, gradient_dtype)},
+                          {dq_uid, inputs.gathered ? dq_copy.data() : at(dq, p.q, gradient_dtype)},
+                          {dk_uid, at(dk, p.k, gradient_dtype)},
+                          {dv_uid, at(dv, p.v, gradient_dtype)}});
+  const OnDevice on(device);
+  bind_fp8(inputs.bindings, scales, amaxes, true, device);
+  run(*plan, device, inputs.bindings);
+  if (inputs.gathered) {
+    strided_copy(gradient_dtype, dq_copy.data(), at(dq, p.q, gradient_dtype), group_axes(p, false), device);
+  }
+  return true;
+}
+
+std::string cudnn_attention_outline(DType dtype, const Problem& p, bool backward, DType gradient_dtype) {
+  if (!cudnn::api()) throw Error(detail::concat("cuDNN could not be loaded: ", cudnn::unavailable()));
+  try {
+    const cudnn::Graph graph = graph_of(key_of(dtype, p, backward, 0, gradient_dtype));
+    cudnn::operation_graph(graph, nullptr);
+    return graph.outline();
+  } catch (const cudnn::Refused& refused) {
+    throw Error(detail::concat("cuDNN refused the graph of ", dtype_name(dtype), " attention: ", refused.what));
+  }
 }
 
 }  // namespace tapegrad::cuda

@@ -57,6 +57,34 @@ std::optional<float> time_runs(const Descriptor& plan, cudnnHandle_t handle, cud
   return ran ? std::optional(ms) : std::nullopt;
 }
 
+std::string_view pointwise_word(cudnnPointwiseMode_t mode) {
+  switch (mode) {
+    case CUDNN_POINTWISE_ADD: return "add";
+    case CUDNN_POINTWISE_SUB: return "sub";
+    case CUDNN_POINTWISE_MUL: return "mul";
+    case CUDNN_POINTWISE_DIV: return "div";
+    case CUDNN_POINTWISE_EXP: return "exp";
+    case CUDNN_POINTWISE_LOG: return "log";
+    case CUDNN_POINTWISE_IDENTITY: return "identity";
+    case CUDNN_POINTWISE_GEN_INDEX: return "index";
+    case CUDNN_POINTWISE_CMP_LT: return "lt";
+    case CUDNN_POINTWISE_CMP_GE: return "ge";
+    case CUDNN_POINTWISE_CMP_GT: return "gt";
+    case CUDNN_POINTWISE_LOGICAL_AND: return "and";
+    case CUDNN_POINTWISE_BINARY_SELECT: return "select";
+    default: return "pointwise";
+  }
+}
+
+std::string_view reduction_word(cudnnReduceTensorOp_t reduction) {
+  switch (reduction) {
+    case CUDNN_REDUCE_TENSOR_ADD: return "reduce_add";
+    case CUDNN_REDUCE_TENSOR_MAX: return "reduce_max";
+    case CUDNN_REDUCE_TENSOR_AMAX: return "reduce_amax";
+    default: return "reduce";
+  }
+}
+
 }  // namespace
 
 Descriptor::Descriptor(cudnnBackendDescriptorType_t type) {
@@ -130,6 +158,7 @@ void Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, Tenso
       .finalize();
   parts_.push_back(std::move(p));
   operations_.push_back(std::move(op));
+  note(pointwise_word(mode));
 }
 
 TensorRef Graph::pointwise(cudnnPointwiseMode_t mode, TensorRef x, TensorRef b, const Dims& dims, const Dims& strides) {
@@ -152,6 +181,7 @@ void Graph::matmul(TensorRef a, TensorRef b, TensorRef c, TensorRef m, TensorRef
   op.finalize();
   parts_.push_back(std::move(product));
   operations_.push_back(std::move(op));
+  note("matmul");
 }
 
 void Graph::reduce(cudnnReduceTensorOp_t reduction, TensorRef x, TensorRef y) {
@@ -166,6 +196,7 @@ void Graph::reduce(cudnnReduceTensorOp_t reduction, TensorRef x, TensorRef y) {
       .finalize();
   parts_.push_back(std::move(r));
   operations_.push_back(std::move(op));
+  note(reduction_word(reduction));
 }
 
 void Graph::reshape(TensorRef x, TensorRef y) {
@@ -174,6 +205,7 @@ void Graph::reshape(TensorRef x, TensorRef y) {
       .set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y)
       .finalize();
   operations_.push_back(std::move(op));
+  note("reshape");
 }
 
 std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
@@ -182,12 +214,23 @@ std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
   return ops;
 }
 
-Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates, bool deterministic) : graph_(std::move(graph)) {
-  const std::vector<cudnnBackendDescriptor_t> ops = graph_.operations();
-  operation_graph_.set_values(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                              static_cast<std::int64_t>(ops.size()), ops.data());
-  api()->set_attribute(operation_graph_.get(), operation_graph_handle, CUDNN_TYPE_HANDLE, 1, &handle);
-  operation_graph_.finalize();
+void Graph::note(std::string_view word) {
+  if (!outline_.empty()) outline_ += ' ';
+  outline_ += word;
+}
+
+Descriptor operation_graph(const Graph& graph, cudnnHandle_t handle) {
+  const std::vector<cudnnBackendDescriptor_t> ops = graph.operations();
+  Descriptor d(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  d.set_values(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<std::int64_t>(ops.size()),
+               ops.data());
+  if (handle) api()->set_attribute(d.get(), operation_graph_handle, CUDNN_TYPE_HANDLE, 1, &handle);
+  d.finalize();
+  return d;
+}
+
+Plan::Plan(Graph graph, cudnnHandle_t handle, int candidates, bool deterministic)
+    : graph_(std::move(graph)), operation_graph_(operation_graph(graph_, handle)) {
 
   Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, operation_graph_.get())

@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,15 +74,24 @@ class Graph {
 
   std::span<const std::int64_t> uids() const { return uids_; }
   std::vector<cudnnBackendDescriptor_t> operations() const;
+  // The operations in order, a word each ("matmul", "mul", "reduce_amax", "reshape", ...): for tests that hold a
+  // graph to cudnn-frontend's.
+  const std::string& outline() const { return outline_; }
 
  private:
   TensorRef add_tensor(std::int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides, bool is_virtual,
                        bool by_value);
+  void note(std::string_view word);
   std::vector<Descriptor> tensors_, parts_, operations_;
   std::vector<std::int64_t> uids_;
+  std::string outline_;
   std::map<std::int64_t, TensorRef> bound_;  // the tensors with uids
   std::int64_t next_virtual_uid_ = std::int64_t{1} << 40;
 };
+
+// cuDNN's operation graph of `graph`'s operations, finalized: cuDNN has checked their form (without a GPU: no engine
+// is asked). `handle` ties it to a device, as cuDNN before 9.8 needs; null leaves that unset.
+Descriptor operation_graph(const Graph& graph, cudnnHandle_t handle);
 
 struct Binding {
   std::int64_t uid;
@@ -118,7 +128,7 @@ class Plan {
   void keep_fastest(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescriptor_t pack) const;
 
   Graph graph_;
-  Descriptor operation_graph_{CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR};
+  Descriptor operation_graph_;
   std::vector<Descriptor> configs_;
   mutable std::vector<Candidate> plans_;  // compiled, cuDNN's order; one once chosen
 };

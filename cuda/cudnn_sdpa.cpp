@@ -1,104 +1,14 @@
 // The SDPA graphs (cudnn_sdpa.hpp), operation by operation as cudnn-frontend emits them.
 #include "tapegrad/cuda/cudnn_sdpa.hpp"
 
+#include "tapegrad/cuda/detail/cudnn_sdpa_parts.hpp"
+
 namespace tapegrad::cuda::cudnn {
 
 namespace {
 
-constexpr cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+using namespace sdpa;
 using Key = SdpaKey;
-
-cudnnDataType_t io_type(DType dtype) { return dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
-
-Dims transposed(const Dims& s) { return {s[0], s[1], s[3], s[2]}; }
-
-// The dims and strides of the scores [B, Hq, Sq, Sk], their transpose, and the rows' statistics [B, Hq, Sq, 1].
-struct Sizes {
-  Dims scores, scores_strides, transposed, transposed_strides, rows, row_strides;
-  explicit Sizes(const Key& k)
-      : scores{k.batch, k.q_heads, k.Sq, k.Sk},
-        scores_strides{k.q_heads * k.Sq * k.Sk, k.Sq * k.Sk, k.Sk, 1},
-        transposed{k.batch, k.q_heads, k.Sk, k.Sq},
-        transposed_strides{k.q_heads * k.Sq * k.Sk, k.Sq * k.Sk, 1, k.Sk},
-        rows{k.batch, k.q_heads, k.Sq, 1},
-        row_strides{k.q_heads * k.Sq, k.Sq, 1, 1} {}
-};
-
-// Each batch element's valid queries (or keys) as the graph reads them: a [batch] tensor when padded, else Sq (Sk) by
-// value.
-TensorRef lengths(Graph& g, const Key& key, bool keys) {
-  if (!key.padding) return g.scalar(keys ? kv_length_uid : q_length_uid, CUDNN_DATA_INT32);
-  return g.tensor(keys ? kv_lengths_uid : q_lengths_uid, CUDNN_DATA_INT32, {key.batch, 1, 1, 1}, {1, 1, 1, 1});
-}
-
-// What a product's M, N or K override reads: the lengths when padded, nothing otherwise.
-TensorRef per_batch(Graph& g, const Key& key, bool keys) { return key.padding ? lengths(g, key, keys) : nullptr; }
-
-// The scores' row (axis 2) or column (axis 3) indices.
-TensorRef indices(Graph& g, TensorRef s, const Sizes& z, std::int64_t axis, cudnnDataType_t precision) {
-  const TensorRef i = g.virtual_tensor(CUDNN_DATA_INT32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, i, precision, axis);
-  return i;
-}
-
-// s where `keep`, -inf elsewhere.
-TensorRef select(Graph& g, TensorRef s, TensorRef keep, const Sizes& z) {
-  const TensorRef masked = g.virtual_tensor(f32, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, g.scalar(minus_inf_uid, f32), keep, masked);
-  return masked;
-}
-
-// The keys a query sees, as cudnn-frontend spells its masks. Padding (per-batch lengths): s where the row is below
-// its batch's queries and the column below its keys. The band (its CompositeDiagonalBandMaskNode, one per side): s
-// where the row index (moved by Sk - Sq to the bottom-right diagonal, plus the right bound) is at least the column's,
-// then where the column plus the left bound + 1 (moved likewise) exceeds the row's.
-TensorRef padding_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
-  const auto below = [&](TensorRef index, TensorRef limit) {
-    const TensorRef y = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
-    g.pointwise(CUDNN_POINTWISE_CMP_LT, index, limit, nullptr, y, CUDNN_DATA_BOOLEAN);
-    return y;
-  };
-  // (both indices before the comparisons, the frontend's order of operations)
-  const TensorRef row = indices(g, s, z, 2, CUDNN_DATA_INT32), column = indices(g, s, z, 3, CUDNN_DATA_INT32);
-  const TensorRef rows = below(row, lengths(g, key, false)), columns = below(column, lengths(g, key, true));
-  const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
-  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, rows, columns, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  return select(g, s, keep, z);
-}
-
-TensorRef band_side(Graph& g, const Key& key, TensorRef s, const Sizes& z, bool right) {
-  const auto shifted = [&](cudnnPointwiseMode_t mode, TensorRef x, TensorRef by, cudnnDataType_t type) {
-    const TensorRef y = g.virtual_tensor(type, z.scores, z.scores_strides);
-    g.pointwise(mode, x, by, nullptr, y, type, 3);
-    return y;
-  };
-  constexpr cudnnDataType_t i32 = CUDNN_DATA_INT32;
-  TensorRef row = indices(g, s, z, 2, f32), column = indices(g, s, z, 3, f32);
-  const TensorRef keep = g.virtual_tensor(CUDNN_DATA_BOOLEAN, z.scores, z.scores_strides);
-  if (right) {
-    if (key.bottom_right) {
-      row = shifted(CUDNN_POINTWISE_ADD, row, lengths(g, key, true), i32);
-      row = shifted(CUDNN_POINTWISE_SUB, row, lengths(g, key, false), i32);
-    }
-    if (key.right_bound > 0) row = shifted(CUDNN_POINTWISE_ADD, row, g.scalar(right_bound_uid, i32), i32);
-    g.pointwise(CUDNN_POINTWISE_CMP_GE, row, column, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  } else if (key.bottom_right && key.padding) {  // the shift per batch element
-    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_window_uid, i32), i32);
-    column = shifted(CUDNN_POINTWISE_SUB, column, lengths(g, key, true), i32);
-    column = shifted(CUDNN_POINTWISE_ADD, column, lengths(g, key, false), i32);
-    g.pointwise(CUDNN_POINTWISE_CMP_GT, column, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  } else {  // a fixed shift, folded into the bound
-    column = shifted(CUDNN_POINTWISE_ADD, column, g.scalar(left_bound_uid, f32), f32);
-    g.pointwise(CUDNN_POINTWISE_CMP_GT, column, row, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  }
-  return select(g, s, keep, z);
-}
-
-TensorRef band_mask(Graph& g, const Key& key, TensorRef s, const Sizes& z) {
-  if (key.right_bound >= 0) s = band_side(g, key, s, z, true);
-  if (key.left_bound >= 0) s = band_side(g, key, s, z, false);
-  return s;
-}
 
 // out [B, Hkv, Sk, width] = a·b [B, Hq, Sk, width] (a: the transposed scores) summed over each kv head's group of
 // q heads.
@@ -108,7 +18,7 @@ void product_over_groups(Graph& g, const Key& key, TensorRef a, TensorRef b, Ten
     g.matmul(a, b, out, keys, nullptr, queries);
     return;
   }
-  const TensorRef per_head = g.virtual_tensor(io_type(key.dtype), {key.batch, key.q_heads, key.Sk, width},
+  const TensorRef per_head = g.virtual_tensor(data_type(key.dtype), {key.batch, key.q_heads, key.Sk, width},
                                               {key.q_heads * key.Sk * width, key.Sk * width, width, 1});
   g.matmul(a, b, per_head, keys, nullptr, queries);
   g.reduce(CUDNN_REDUCE_TENSOR_ADD, per_head, out);
@@ -119,29 +29,16 @@ void product_over_groups(Graph& g, const Key& key, TensorRef a, TensorRef b, Ten
 Graph sdpa_forward_graph(const Key& key) {
   Graph g;
   const Sizes z(key);
-  const cudnnDataType_t io = io_type(key.dtype);
-  const TensorRef q = g.tensor(q_uid, io, {key.batch, key.q_heads, key.Sq, key.D}, key.q);
-  const TensorRef k_t = g.tensor(k_uid, io, {key.batch, key.kv_heads, key.D, key.Sk}, transposed(key.k));
-  const TensorRef v = g.tensor(v_uid, io, {key.batch, key.kv_heads, key.Sk, key.Dv}, key.v);
-  const TensorRef o = g.tensor(o_uid, io, {key.batch, key.q_heads, key.Sq, key.Dv}, key.o);
-  const TensorRef stats = g.tensor(stats_uid, f32, z.rows, z.row_strides);
-  const TensorRef scale = g.scalar(scale_uid, f32);
+  const auto [q, k_t, v, o, stats] = forward_tensors(g, key, z);
 
   TensorRef s = g.virtual_tensor(f32, z.scores, z.scores_strides);
   g.matmul(q, k_t, s, per_batch(g, key, false), per_batch(g, key, true));
-  s = g.pointwise(CUDNN_POINTWISE_MUL, s, scale, z.scores, z.scores_strides);
+  s = g.pointwise(CUDNN_POINTWISE_MUL, s, g.scalar(scale_uid, f32), z.scores, z.scores_strides);
   if (key.padding) s = padding_mask(g, key, s, z);
   s = band_mask(g, key, s, z);
-  const TensorRef max = g.virtual_tensor(f32, z.rows, z.row_strides);
-  g.reduce(CUDNN_REDUCE_TENSOR_MAX, s, max);
-  const TensorRef shifted = g.pointwise(CUDNN_POINTWISE_SUB, s, max, z.scores, z.scores_strides);
-  const TensorRef exps = g.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, z.scores, z.scores_strides);
-  const TensorRef sum = g.virtual_tensor(f32, z.rows, z.row_strides);
-  g.reduce(CUDNN_REDUCE_TENSOR_ADD, exps, sum);
-  const TensorRef log_sum = g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, z.rows, z.row_strides);
-  g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, nullptr, stats);
-  const TensorRef probabilities = g.virtual_tensor(io, z.scores, z.scores_strides);  // the I/O type, as the
-  g.pointwise(CUDNN_POINTWISE_DIV, exps, sum, nullptr, probabilities);                 // product's A must be
+  const auto [exps, sum] = exponentials(g, z, s, stats);
+  const TensorRef probabilities = g.virtual_tensor(data_type(key.dtype), z.scores, z.scores_strides);  // the I/O
+  g.pointwise(CUDNN_POINTWISE_DIV, exps, sum, nullptr, probabilities);  // type, as the product's A must be
   g.matmul(probabilities, v, o, per_batch(g, key, false), nullptr, per_batch(g, key, true));
   return g;
 }
@@ -149,17 +46,9 @@ Graph sdpa_forward_graph(const Key& key) {
 Graph sdpa_backward_graph(const Key& key) {
   Graph g;
   const Sizes z(key);
-  const cudnnDataType_t io = io_type(key.dtype);
+  const cudnnDataType_t io = data_type(key.dtype);
   const Dims q_dims{key.batch, key.q_heads, key.Sq, key.D}, o_dims{key.batch, key.q_heads, key.Sq, key.Dv};
-  const TensorRef q = g.tensor(q_uid, io, q_dims, key.q);
-  const TensorRef k_t = g.tensor(k_uid, io, {key.batch, key.kv_heads, key.D, key.Sk}, transposed(key.k));
-  const TensorRef v_t = g.tensor(v_uid, io, {key.batch, key.kv_heads, key.Dv, key.Sk}, transposed(key.v));
-  const TensorRef o = g.tensor(o_uid, io, o_dims, key.o);
-  const TensorRef dout = g.tensor(dout_uid, io, o_dims, key.o);
-  const TensorRef stats = g.tensor(stats_uid, f32, z.rows, z.row_strides);
-  const TensorRef dq = g.tensor(dq_uid, io, q_dims, key.q);
-  const TensorRef dk = g.tensor(dk_uid, io, {key.batch, key.kv_heads, key.Sk, key.D}, key.k);
-  const TensorRef dv = g.tensor(dv_uid, io, {key.batch, key.kv_heads, key.Sk, key.Dv}, key.v);
+  const auto [q, k_t, v_t, o, dout, stats, dq, dk, dv] = backward_tensors(g, key, z);
   const TensorRef scale = g.scalar(scale_uid, f32);
   const TensorRef one = g.scalar(one_uid, f32);
 
