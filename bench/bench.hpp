@@ -76,6 +76,7 @@ void gpu_bandwidth();
 void gpu_layernorm_mlp();
 void gpu_higher_order();
 void gpu_attention();
+void gpu_attention_fp8();
 void gpu_transformer_layer();
 
 }  // namespace bench

@@ -2,7 +2,7 @@
 //
 //   tapegrad_bench [--quick | --reps N] [--threads N] [tape] [fusion] [matmul] [layernorm_mlp] [adjoint] [higher_order]
 //                  [attention] [gpu_bandwidth] [gpu_matmul] [gpu_layernorm_mlp] [gpu_higher_order] [gpu_attention]
-//                  [gpu_transformer_layer]
+//                  [gpu_attention_fp8] [gpu_transformer_layer]
 //
 // With no group named, all run. --quick cuts repetitions (a smoke test); --reps N times N repetitions after 5 untimed
 // ones, as the peer scripts do with ITERS=N (equal run lengths keep the GPU's clocks comparable); --threads sets
@@ -32,7 +32,8 @@ const char* env_or(const char* name, const char* fallback) {
 constexpr const char* cpu_groups[] = {"tape", "fusion", "matmul", "layernorm_mlp", "adjoint", "higher_order",
                                       "attention"};
 constexpr const char* gpu_groups[] = {"gpu_bandwidth",    "gpu_matmul",    "gpu_layernorm_mlp",
-                                      "gpu_higher_order", "gpu_attention", "gpu_transformer_layer"};
+                                      "gpu_higher_order", "gpu_attention", "gpu_attention_fp8",
+                                      "gpu_transformer_layer"};
 
 bool is_group(const std::string& arg) {
   const auto in = [&](const auto& names) {
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
     if (wanted("gpu_layernorm_mlp")) bench::gpu_layernorm_mlp();
     if (wanted("gpu_higher_order")) bench::gpu_higher_order();
     if (wanted("gpu_attention")) bench::gpu_attention();
+    if (wanted("gpu_attention_fp8")) bench::gpu_attention_fp8();
     if (wanted("gpu_transformer_layer")) bench::gpu_transformer_layer();
   }
 }
