@@ -46,9 +46,10 @@ bool padded(const Problem& p) { return p.q_lengths || p.kv_lengths; }
 
 Key key_of(DType dtype, const Problem& p, bool backward, int device, DType gradient_dtype = {}) {
   const std::optional<Dims> q = strides_of(p.q);
-  return {.backward = backward, .device = device, .dtype = dtype, .gradient_dtype = is_fp8(dtype) && backward ? gradient_dtype : DType{}, .batch = p.batch, .q_heads = p.q_heads,
-          .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv, .q = q ? *q : gathered_q(p),
-          .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o),
+  return {.backward = backward, .device = device, .dtype = dtype,
+          .gradient_dtype = is_fp8(dtype) && backward ? gradient_dtype : DType{}, .batch = p.batch,
+          .q_heads = p.q_heads, .kv_heads = p.kv_heads, .Sq = p.Sq, .Sk = p.Sk, .D = p.D, .Dv = p.Dv,
+          .q = q ? *q : gathered_q(p), .k = *strides_of(p.k), .v = *strides_of(p.v), .o = *strides_of(p.o),
           .right_bound = p.causal ? 0 : p.window_right, .left_bound = p.window_left,
           .bottom_right = p.bottom_right && (p.Sq != p.Sk || padded(p)), .deterministic = backward && p.deterministic,
           .padding = padded(p)};
@@ -71,7 +72,9 @@ std::string fp8_unexpressible(const Problem& p, bool backward, int device) {
   if (p.window_left >= 0 || (!p.causal && p.window_right >= 0)) return "a sliding window with FP8";
   if (padded(p)) return "per-batch lengths with FP8";
   if (p.causal && p.bottom_right && p.Sq != p.Sk) return "a bottom-right causal mask with FP8";
-  if (p.D % 16 != 0 || p.Dv % 16 != 0) return detail::concat("head sizes ", p.D, " and ", p.Dv, " (FP8: multiples of 16)");
+  if (p.D % 16 != 0 || p.Dv % 16 != 0) {
+    return detail::concat("head sizes ", p.D, " and ", p.Dv, " (FP8: multiples of 16)");
+  }
   if (backward && (p.D != 128 || p.Dv != 128)) {
     return detail::concat("head sizes ", p.D, " and ", p.Dv, " in the backward (FP8 on Hopper: 128 only)");
   }

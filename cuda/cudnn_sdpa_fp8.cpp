@@ -86,9 +86,9 @@ Graph sdpa_fp8_forward_graph(const Key& key) {
   const TensorRef probabilities = g.pointwise(CUDNN_POINTWISE_DIV, exps, sum, z.scores, z.scores_strides);
   g.reduce(CUDNN_REDUCE_TENSOR_AMAX, probabilities, device_scalar(g, amax_s_uid));
   fp8_product(g, key,
-              {.a = quantized(g, z, probabilities, scale_s_uid, data_type(key.dtype)), .b = v, .out = o, .descale_a = descale_s_uid,
-               .descale_b = descale_v_uid, .scale = scale_o_uid, .amax = amax_o_uid, .rows = key.Sq,
-               .width = key.Dv, .out_heads = key.q_heads, .m = per_batch(g, key, false),
+              {.a = quantized(g, z, probabilities, scale_s_uid, data_type(key.dtype)), .b = v, .out = o,
+               .descale_a = descale_s_uid, .descale_b = descale_v_uid, .scale = scale_o_uid, .amax = amax_o_uid,
+               .rows = key.Sq, .width = key.Dv, .out_heads = key.q_heads, .m = per_batch(g, key, false),
                .k = per_batch(g, key, true)});
   return g;
 }

@@ -1,9 +1,9 @@
 // FP8 attention on cuDNN's FP8 engines (cuda/cudnn_attention.hpp) against a double reference that quantizes where
 // the graphs do: q, k, v and o in e4m3, the probabilities' copy in e4m3 under scale_s, the scores' gradient and the
 // backward's dout, dq, dk, dv in e5m2 (the hybrid format). The tolerances are those roundings. The kernels' P comes
-// from the GPU's fast exp and log (the log-sum-exp within 2e-4 of its value, P within 1e-3): where that moves P·scale_s
-// (or dS·scale_dp) across a rounding boundary, the kernel's code may be the reference's neighbour, so each such term
-// adds its code's spacing × the factor it multiplies to the bound of the sums it enters ("ambiguous" below); an
+// from the GPU's fast exp and log (the log-sum-exp within 2e-4 of its value, P within 1e-3): where that moves
+// P·scale_s (or dS·scale_dp) across a rounding boundary, the kernel's code may be the reference's neighbour, so each
+// such term adds its code's spacing × the factor it multiplies to the bound of the sums it enters (ambiguity()); an
 // output is then within that bound plus half its own code's spacing (e4m3: 2^-4 of its value, e5m2: 2^-3).
 #include <doctest/doctest.h>
 
@@ -47,7 +47,9 @@ template <fp8::Format F> Codes<F> random_codes(std::size_t n, float scale, std::
   return c;
 }
 
-template <fp8::Format F> double rounded(double x, float scale) { return value_of<F>(fp8::from_double<F>(x * scale), scale); }
+template <fp8::Format F> double rounded(double x, float scale) {
+  return value_of<F>(fp8::from_double<F>(x * scale), scale);
+}
 
 // How far apart the codes of x·scale can be when x is known within ±error: 0 unless a rounding boundary is in reach.
 template <fp8::Format F> double ambiguity(double x, double error, float scale) {
@@ -212,7 +214,7 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
     CHECK(amaxes.read(0) == doctest::Approx(r.amax_s).epsilon(1e-4));
     CHECK(amaxes.read(1) == doctest::Approx(r.amax_o).epsilon(0.02));
 
-    // Backward, from the forward's o codes: δ, dv = P8ᵀ·dout, dS = scale·P∘(dout·vᵀ − δ), its e5m2 copy, dq, dk.
+    // Backward, from the forward's o codes: δ, dv = P8ᵀ·dout, dS = scale·P∘(dout·vᵀ − δ), dS's e5m2 copy, dq, dk.
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t h = 0; h < Hq; ++h) {
         for (std::int64_t i = 0; i < S; ++i) {
@@ -246,8 +248,8 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
       }
     }
     const Tensor<f8e5m2> dout_gpu = on_gpu<f8e5m2>(dout.bits);
-    Tensor<f8e5m2> dq_gpu(Shape{static_cast<std::int64_t>(nq)}, gpu), dk_gpu(Shape{static_cast<std::int64_t>(nkv)}, gpu),
-        dv_gpu(Shape{static_cast<std::int64_t>(nkv)}, gpu);
+    const Shape q_shape{static_cast<std::int64_t>(nq)}, kv_shape{static_cast<std::int64_t>(nkv)};
+    Tensor<f8e5m2> dq_gpu(q_shape, gpu), dk_gpu(kv_shape, gpu), dv_gpu(kv_shape, gpu);
     REQUIRE(cuda::cudnn_attention_fp8_backward(p, DType::f8e5m2, q_gpu.data(), k_gpu.data(), v_gpu.data(),
                                                o_gpu.data(), log_sums_gpu.data(), dout_gpu.data(), dq_gpu.data(),
                                                dk_gpu.data(), dv_gpu.data(), s, a, 0));

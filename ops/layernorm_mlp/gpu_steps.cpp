@@ -180,9 +180,9 @@ template <class T, class P> class GpuSteps {
   // From z and dy: da = dy · W2ᵀ [M, F] (dy then keeps the layout dW2 reads, W2's codes go), then, from z and da,
   // dz = da · ∂a/∂z written over z, a = act(z) over da (for dW2), and db1 from the kernel's partial rows. Where the
   // recipe knows a scale before the kernel, the kernel writes those codes instead: dz's and their transpose (delayed
-  // scaling, an ungated activation, da taken whole), a's transpose (delayed and current scaling: a's scale is the forward's), and
-  // then dz's amax beside dz (current scaling); z goes, and da is made and read in parts of rows where it is large
-  // (codes_parts).
+  // scaling, an ungated activation, da taken whole), a's transpose (delayed and current scaling: a's scale is the
+  // forward's), and then dz's amax beside dz (current scaling); z goes, and da is made and read in parts of rows
+  // where it is large (codes_parts).
   ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
@@ -370,8 +370,9 @@ template <class T, class P> class GpuSteps {
   // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ: two halves (the
   // first of whole 64-row tiles of the kernel, so that the second starts on a 16-byte column of the transposes) where
   // each half's product has at least 2^36 multiply-adds, else one. The kernel then holds half of da beside z and a's
-  // transposed codes: 4 bytes an element of z (dz is written over z there), as bf16's z and da. Two smaller products cost more than one: measured on an H100 by ncu, about 6 % more at
-  // (8192, 4096, 16384) (1 % of the step) but 18 % at (4096, 1024, 4096), where their fixed costs weigh more.
+  // transposed codes: 4 bytes an element of z (dz is written over z there), as bf16's z and da. Two smaller products
+  // cost more than one: measured on an H100 by ncu, about 6 % more at (8192, 4096, 16384) (1 % of the step) but 18 %
+  // at (4096, 1024, 4096), where their fixed costs weigh more.
   static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M, std::int64_t F,
                                                                         std::int64_t H) {
     constexpr std::int64_t tile = 64;
