@@ -105,23 +105,39 @@ template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_thr
 
 // Each block takes whole rows; of a row, chunks of over_threads runs in order, each chunk's loads, a barrier, then its
 // codes. A chunk's codes land on bytes that held elements of that chunk or an earlier one (a code takes no more bytes
-// than an element), all loaded before the barrier; a later chunk's elements lie past them.
+// than an element), all loaded before the barrier; a later chunk's elements lie past them. The scale and the amax as
+// quantize_kernel's.
 constexpr int over_threads = 256;
+template <class S> struct OverJob {
+  S* x;
+  std::int64_t rows, cols;
+  const float* scale;
+  Fp8CurrentScale current;
+  unsigned int* amax_bits;
+};
 template <class S, fp8::Format F>
-__global__ void __launch_bounds__(over_threads)
-    quantize_over_kernel(S* x, std::int64_t rows, std::int64_t cols, const float* scale_at) {
+__global__ void __launch_bounds__(over_threads) quantize_over_kernel(const OverJob<S> j) {
   wait_for_prior_kernels();
-  const float scale = *scale_at;
-  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    S* row = x + r * cols;
-    for (std::int64_t c0 = 0; c0 < cols; c0 += over_threads * run) {
+  const float scale = j.current.amax ? fp8::current_scale(*j.current.amax, fp8::max_value<F>()) : *j.scale;
+  if (j.current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
+    *j.current.scale = scale;
+    *j.current.scale_inv = 1.0f / scale;
+  }
+  unsigned int m = 0;
+  for (std::int64_t r = blockIdx.x; r < j.rows; r += gridDim.x) {
+    S* row = j.x + r * j.cols;
+    for (std::int64_t c0 = 0; c0 < j.cols; c0 += over_threads * run) {
       const std::int64_t c = c0 + threadIdx.x * run;
       float v[run];
-      if (c < cols) load_run(row + c, v);
+      if (c < j.cols) load_run(row + c, v);
       __syncthreads();
-      if (c < cols) *reinterpret_cast<uint2*>(reinterpret_cast<std::uint8_t*>(row) + c) = to_fp8_run<F>(v, scale);
+      if (c < j.cols) {
+        for (int e = 0; e < run; ++e) m = max(m, __float_as_uint(fabsf(v[e])));
+        *reinterpret_cast<uint2*>(reinterpret_cast<std::uint8_t*>(row) + c) = to_fp8_run<F>(v, scale);
+      }
     }
   }
+  if (j.amax_bits) merge_amax(m, j.amax_bits);  // (the same for every thread of the block)
 }
 
 fp8::Format format_of(DType format, const char* op) {
@@ -199,20 +215,25 @@ void fp8_quantize_over(const Fp8QuantizeOver& q, int device) {
   check(q.rows >= 0 && q.cols >= 0, op, "negative size [", q.rows, ", ", q.cols, "]");
   check(q.cols % run == 0 && reinterpret_cast<std::uintptr_t>(q.x) % 16 == 0, op,
         "quantizes rows of a multiple of ", run, " elements from a 16-byte boundary, not ", q.cols);
-  check(q.scale != nullptr, op, "needs the scale to quantize by");
+  check(q.scale != nullptr || q.current, op, "needs the scale to quantize by");
+  check(!q.current || (q.current->amax && q.current->scale && q.current->scale_inv), op,
+        "current scaling needs an amax to make the scale from, and where to write it and its inverse");
   const fp8::Format f = format_of(q.format, op);
-  if (q.rows == 0 || q.cols == 0) return;
+  if ((q.rows == 0 || q.cols == 0) && !q.current) return;
   const Launch launch(device);
   dispatch_quantized(q.dtype, op, [&](auto tag) {
     using S = decltype(tag);
-    const int blocks = launch.blocks_for(q.rows * over_threads, over_threads);
-    S* x = static_cast<S*>(q.x);
+    const int blocks = std::max(1, launch.blocks_for(q.rows * over_threads, over_threads));
+    const OverJob<S> job{.x = static_cast<S*>(q.x),
+                         .rows = q.rows,
+                         .cols = q.cols,
+                         .scale = q.scale,
+                         .current = q.current ? *q.current : Fp8CurrentScale{},
+                         .amax_bits = reinterpret_cast<unsigned int*>(q.amax)};
     if (f == fp8::Format::e4m3) {
-      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e4m3>, blocks, over_threads, 0, x, q.rows,
-                        q.cols, q.scale);
+      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e4m3>, blocks, over_threads, 0, job);
     } else {
-      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e5m2>, blocks, over_threads, 0, x, q.rows,
-                        q.cols, q.scale);
+      launch_overlapped(launch, quantize_over_kernel<S, fp8::Format::e5m2>, blocks, over_threads, 0, job);
     }
   });
 }

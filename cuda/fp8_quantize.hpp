@@ -47,14 +47,17 @@ struct Fp8Quantize {
 void fp8_quantize(const Fp8Quantize& q, int device);
 
 // x [rows, cols] row-major in f32, bf16 or f16 (cols a multiple of 8, x 16-byte aligned) quantized to `format` at the
-// scale at `scale`, as fp8_quantize does, each row's codes written over the row's own first `cols` bytes: the codes
-// then take no memory beside x, rows cols · sizeof(x's type) bytes apart (x's values are given up).
+// scale at `scale`, or current scaling's made from an amax, as fp8_quantize does, each row's codes written over the
+// row's own first `cols` bytes: the codes then take no memory beside x, rows cols · sizeof(x's type) bytes apart (x's
+// values are given up).
 struct Fp8QuantizeOver {
   DType dtype = DType::f32;
   void* x = nullptr;
   std::int64_t rows = 0, cols = 0;
   DType format = DType::f8e4m3;
-  const float* scale = nullptr;
+  const float* scale = nullptr;              // read unless `current` makes the scale
+  const Fp8CurrentScale* current = nullptr;  // as fp8_quantize's
+  float* amax = nullptr;                     // *amax = max(*amax, max |x|), as fp8_quantize's; null: none
 };
 void fp8_quantize_over(const Fp8QuantizeOver& q, int device);
 

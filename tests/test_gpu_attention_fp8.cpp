@@ -1,10 +1,14 @@
 // FP8 attention on cuDNN's FP8 engines (cuda/cudnn_attention.hpp) against a double reference that quantizes where
 // the graphs do: q, k, v and o in e4m3, the probabilities' copy in e4m3 under scale_s, the scores' gradient and the
 // backward's dout, dq, dk, dv in e5m2 (the hybrid format). The tolerances are those roundings. The kernels' P comes
-// from the GPU's fast exp and log (the log-sum-exp within 2e-4 of its value, P within 1e-3): where that moves
-// P·scale_s (or dS·scale_dp) across a rounding boundary, the kernel's code may be the reference's neighbour, so each
-// such term adds its code's spacing × the factor it multiplies to the bound of the sums it enters (ambiguity()); an
-// output is then within that bound plus half its own code's spacing (e4m3: 2^-4 of its value, e5m2: 2^-3).
+// from the GPU's fast exp and log (the log-sum-exp within 2e-4 of its size, P within 1e-3). The forward's kernel
+// quantizes each probability before its row's sum is known (exp(s - the running max) · scale_s, divided by the sum
+// at the end, as a flash kernel must), so o is held to the exact probabilities: each term within 2^-4 of its size
+// (e4m3's half spacing) or e4m3's subnormal half step. The backward quantizes P from the log-sum-exp as the graph
+// says; where P's error moves P·scale_s (or dS·scale_dp) across a rounding boundary, the kernel's code may be the
+// reference's neighbour, so each such term adds its code's spacing × the factor it multiplies to the bound of the
+// sums it enters (ambiguity()). An output is within its bound plus half its own code's spacing (e4m3: 2^-4 of its
+// value, e5m2: 2^-3).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -90,7 +94,7 @@ struct Case {
 struct Reference {
   std::vector<double> o, log_sums, dq, dk, dv;
   std::vector<double> o_bound, dq_bound, dk_bound, dv_bound;  // (check_close's)
-  double amax_s = 0, amax_o = 0, amax_dp = 0;
+  double amax_s = 0, amax_dp = 0;
 };
 
 // |got - want| ≤ half·(|want| + bound) + bound + absolute for every element (half: the output code's relative half
@@ -142,7 +146,7 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
     // scale_s: P ≤ 1 fills e4m3's range; o, dS and the gradients have room to spare at these scales
     const float scale_s = 448, scale_o = 64, scale_dp = 2048, scale_dq = 64, scale_dk = 64, scale_dv = 64;
 
-    // Forward: the rows' log-sum-exp, P, P's e4m3 copy, o; then o as its codes give it back (the backward reads those).
+    // Forward: the rows' log-sum-exp, P and o; then o as its codes give it back (the backward reads those).
     Reference r{.o = std::vector<double>(nq), .log_sums = std::vector<double>(static_cast<std::size_t>(B * Hq * S)),
                 .dq = std::vector<double>(nq), .dk = std::vector<double>(nkv), .dv = std::vector<double>(nkv),
                 .o_bound = std::vector<double>(nq), .dq_bound = std::vector<double>(nq),
@@ -172,16 +176,20 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
             const double pr = std::exp(s[j] - log_sum);
             probabilities[p_at(b, h, i, j)] = pr;
             r.amax_s = std::max(r.amax_s, pr);
-            const double p8 = rounded<e4m3>(pr, scale_s), unsure = ambiguity<e4m3>(pr, p_error * pr, scale_s);
+            const double unsure = (0.0625 + p_error) * pr + std::ldexp(1.0, -10) / scale_s;
             for (std::int64_t d = 0; d < D; ++d) {
-              r.o[q_at(b, h, i) + d] += p8 * v.values[kv_at(b, h / G, j) + d];
+              r.o[q_at(b, h, i) + d] += pr * v.values[kv_at(b, h / G, j) + d];
               r.o_bound[q_at(b, h, i) + d] += unsure * std::fabs(v.values[kv_at(b, h / G, j) + d]);
             }
           }
         }
       }
     }
-    for (const double x : r.o) r.amax_o = std::max(r.amax_o, std::fabs(x));
+    double amax_o_low = 0, amax_o_high = 0;  // (the bounds of o's amax)
+    for (std::size_t i = 0; i < nq; ++i) {
+      amax_o_low = std::max(amax_o_low, std::fabs(r.o[i]) - r.o_bound[i]);
+      amax_o_high = std::max(amax_o_high, std::fabs(r.o[i]) + r.o_bound[i]);
+    }
 
     const Tensor<f8e4m3> q_gpu = on_gpu<f8e4m3>(q.bits), k_gpu = on_gpu<f8e4m3>(k.bits), v_gpu = on_gpu<f8e4m3>(v.bits);
     Tensor<f8e4m3> o_gpu(Shape{static_cast<std::int64_t>(nq)}, gpu);
@@ -209,10 +217,11 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
     for (std::size_t i = 0; i < log_sums.size(); ++i) log_sums[i] = log_sums_host.flat(static_cast<std::int64_t>(i));
     for (std::size_t i = 0; i < log_sums.size(); ++i) {
       INFO("log-sum-exp of row ", i, ": ", log_sums[i], " against ", r.log_sums[i]);
-      REQUIRE(std::fabs(log_sums[i] - r.log_sums[i]) <= 2e-4 * std::fabs(r.log_sums[i]) + 1e-6);
+      REQUIRE(std::fabs(log_sums[i] - r.log_sums[i]) <= 2e-4 * (1 + std::fabs(r.log_sums[i])));
     }
     CHECK(amaxes.read(0) == doctest::Approx(r.amax_s).epsilon(1e-4));
-    CHECK(amaxes.read(1) == doctest::Approx(r.amax_o).epsilon(0.02));
+    CHECK(amaxes.read(1) >= amax_o_low * (1 - 1e-5));
+    CHECK(amaxes.read(1) <= amax_o_high * (1 + 1e-5));
 
     // Backward, from the forward's o codes: δ, dv = P8ᵀ·dout, dS = scale·P∘(dout·vᵀ − δ), dS's e5m2 copy, dq, dk.
     for (std::int64_t b = 0; b < B; ++b) {

@@ -217,32 +217,49 @@ TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and t
 
 // Quantizes x [rows, cols] over itself (fp8_quantize_over) to F at a scale of the tensor's amax and checks each row's
 // first cols bytes against the CPU's codes.
+// x quantized over itself at a given scale (its amax merged into one that starts at 0.5), and with current scaling's
+// scale made by the kernel from x's amax; the codes are fp8_quantize's, the amax and the scales the CPU's.
 template <class F, class T> void check_quantization_over(const Tensor<T>& x) {
   INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), " over itself, shape ", x.shape());
   const std::int64_t rows = x.shape()[0], cols = x.shape()[1], ld = cols * std::int64_t{sizeof(T)};
-  const float scale = fp8::current_scale(detail::amax_of(x), fp8::max_value<F::format>());
-  Tensor<T> x_gpu = x.to(gpu);
-  const Tensor<float> scale_gpu = full<float>({1}, scale).to(gpu);
-  cuda::fp8_quantize_over({.dtype = dtype_v<T>,
-                           .x = x_gpu.data(),
-                           .rows = rows,
-                           .cols = cols,
-                           .format = dtype_v<F>,
-                           .scale = scale_gpu.data()},
-                          0);
-  const Tensor<T> over = x_gpu.to(host);
-  const auto* bytes = reinterpret_cast<const std::uint8_t*>(over.data());
-  std::int64_t bad = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const double scaled = static_cast<double>(convert<float>(x.flat(r * cols + c)) * scale);
-      bad += bytes[r * ld + c] != fp8::from_double<F::format>(scaled);
+  const float amax = detail::amax_of(x), scale = fp8::current_scale(amax, fp8::max_value<F::format>());
+  for (const bool current : {false, true}) {
+    CAPTURE(current);
+    Tensor<T> x_gpu = x.to(gpu);
+    // [given scale, amax accumulator, current's amax, its scale, its scale_inv]
+    Tensor<float> scalars = from_vector<float>({scale, 0.5f, amax, 0.0f, 0.0f}, Shape{5}).to(gpu);
+    const cuda::Fp8CurrentScale made{scalars.data() + 2, scalars.data() + 3, scalars.data() + 4};
+    cuda::fp8_quantize_over({.dtype = dtype_v<T>,
+                             .x = x_gpu.data(),
+                             .rows = rows,
+                             .cols = cols,
+                             .format = dtype_v<F>,
+                             .scale = current ? nullptr : scalars.data(),
+                             .current = current ? &made : nullptr,
+                             .amax = current ? nullptr : scalars.data() + 1},
+                            0);
+    const Tensor<T> over = x_gpu.to(host);
+    const Tensor<float> out = scalars.to(host);
+    if (current) {
+      CHECK(out.flat(3) == scale);
+      CHECK(out.flat(4) == 1.0f / scale);
+    } else {
+      CHECK(out.flat(1) == std::max(amax, 0.5f));
     }
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(over.data());
+    std::int64_t bad = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const double scaled = static_cast<double>(convert<float>(x.flat(r * cols + c)) * scale);
+        bad += bytes[r * ld + c] != fp8::from_double<F::format>(scaled);
+      }
+    }
+    CHECK(bad == 0);
   }
-  CHECK(bad == 0);
 }
 
 TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, rows a row's bytes apart") {
+  // (current scaling's scale made by the kernel, delayed scaling's amax merged by it)
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(seed);
   // One run; a row of one chunk cut short, of several chunks and a part; more rows than the grid's blocks (it strides).

@@ -51,16 +51,20 @@ class PerTensorScaling : public DeviceRecipe {
     if (x.padded_rows != x.rows || x.padded_cols != x.cols || x.cols % 8 != 0 || values->data() != x.x) {
       return std::nullopt;
     }
-    Fp8Codes out = quantize(role, x, {.rows = true}, pass);
+    Fp8Codes out = codes_for(role, x.rows, x.cols, {});
+    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, x.dtype, x.x, x.rows * x.cols, pass);
     cuda::fp8_quantize_over({.dtype = x.dtype,
                              .x = values->data(),
                              .rows = x.rows,
                              .cols = x.cols,
                              .format = out.format,
-                             .scale = slot(role, scale_field)},
+                             .scale = slot(role, scale_field),
+                             .current = current ? &*current : nullptr,
+                             .amax = records(pass) ? amax_slot(role) : nullptr},
                             device_.index);
     out.codes = std::move(values);
     out.codes_ld = x.cols * static_cast<std::int64_t>(dtype_size(x.dtype));
+    out.transpose_later = true;
     return out;
   }
 
@@ -279,6 +283,22 @@ std::optional<Fp8Codes> DeviceRecipe::quantize_over(fp8::Role, std::shared_ptr<S
   return std::nullopt;
 }
 
+Fp8Codes transposed_from_codes(Fp8Codes c) {
+  check(c.codes && c.scaling == cuda::Fp8Scaling::tensor, "fp8", "a transpose made from codes needs per-tensor codes");
+  const Device device = c.codes->device();
+  c.transposed_ld = round_up(c.rows, cuda::fp8_row_alignment);
+  c.transposed = Storage::allocate(static_cast<std::size_t>(c.cols * c.transposed_ld), device);
+  if (c.transposed_ld > c.rows) {  // zero codes past the rows, as quantize() writes them (rows of 16-byte multiples)
+    cuda::fill(DType::f32, c.transposed->data(), c.cols * c.transposed_ld / 4, 0.0, device.index);
+  }
+  cuda::strided_copy(c.format, c.codes->data(), c.transposed->data(),
+                     {{c.rows, c.codes_ld, 1}, {c.cols, 1, c.transposed_ld}}, device.index);
+  c.codes.reset();
+  c.codes_ld = 0;
+  c.transpose_later = false;
+  return c;
+}
+
 std::shared_ptr<Storage> DeviceRecipe::bytes(std::int64_t count) const {
   return Storage::allocate(static_cast<std::size_t>(count), device_);
 }
@@ -317,6 +337,10 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
     return layout == Fp8Layout::codes ? Operand{x.codes->data(), x.codes_ld, scales(x.scales)}
                                       : Operand{x.transposed->data(), x.transposed_ld, scales(x.transposed_scales)};
   };
+  for (const auto& [x, layout] : {std::pair{&a, a_layout}, std::pair{&b, b_layout}}) {
+    check((layout == Fp8Layout::codes ? x->codes : x->transposed) != nullptr, op_, "an fp8 product reads the ",
+          layout == Fp8Layout::codes ? "codes" : "transposed codes", " of an operand that does not hold them");
+  }
   Operand A = operand(a, a_layout);
   A.data = static_cast<const std::uint8_t*>(A.data) + a_first_row * A.ld;
   const Operand B = operand(b, b_layout);

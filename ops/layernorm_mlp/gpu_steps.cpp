@@ -80,8 +80,9 @@ template <class T, class P> class GpuSteps {
     return h;
   }
 
-  // Role's operand. dz's codes in both layouts, of a gated activation, go over dz's own values where the recipe can:
-  // dz (twice a's size) beside both would be the step's peak, above bf16's.
+  // Role's operand. dz's codes, of a gated activation, go over dz's own values where the recipe can, their transpose
+  // made from them once dh's product has read them (weight_gradient_layout): dz (twice a's size) beside both layouts
+  // would be the step's peak, above bf16's.
   Operand input(fp8::Role role, Operand x, Layouts layouts, Pass pass) const {
     if (role == fp8::Role::grad_hidden && layouts.columns && layouts.rows && form_.width() == 2) {
       return s_.quantizer.input_over(role, std::move(x), pass);

@@ -41,11 +41,13 @@ namespace tapegrad::detail {
 // cuda/blaslt.hpp's `scaling` says), and the codes' rows `code_rows` (zero past `rows`): cuBLASLt's block-scaled
 // products read an operand's 1×128 scales in rows of exactly its row count, which must keep them 16-byte aligned, a
 // multiple of 4. The codes' rows are codes_ld bytes apart: cols, or more where they were written over wider values
-// (DeviceRecipe::quantize_over).
+// (DeviceRecipe::quantize_over), whose transpose is made from them when the layout a weight gradient reads is asked
+// for (transpose_later).
 struct Fp8Codes {
   DType format = DType::f8e4m3;
   std::shared_ptr<Storage> codes, transposed;
   std::int64_t rows = 0, cols = 0, code_rows = 0, codes_ld = 0, transposed_ld = 0;
+  bool transpose_later = false;
   const float* scale_inv = nullptr;
   Tensor<float> scalars;  // what scale_inv points into, kept with the codes (a weight cache keeps them past the step)
   cuda::Fp8Scaling scaling = cuda::Fp8Scaling::tensor;
@@ -55,6 +57,9 @@ struct Fp8Codes {
 // Which of an input's two layouts a product reads.
 enum class Fp8Layout : bool { codes, transposed };
 
+// c's transpose made from its codes (per-tensor scales: the same codes, moved), the codes given up.
+Fp8Codes transposed_from_codes(Fp8Codes c);
+
 template <class T> struct DeviceOperand {
   DeviceOperand() = default;
   DeviceOperand(Tensor<T> values_) : values(std::move(values_)) {}  // (implicit: values are an operand)
@@ -62,8 +67,10 @@ template <class T> struct DeviceOperand {
 
   bool defined() const { return values.defined() || codes.codes || codes.transposed; }
   bool quantized() const { return !values.defined(); }
-  // The layout a weight gradient reads, alone: what a forward keeps of an input for the backward.
+  // The layout a weight gradient reads, alone: what a forward keeps of an input for the backward (made here from the
+  // codes where they were quantized over their values).
   DeviceOperand weight_gradient_layout() const {
+    if (codes.transpose_later) return DeviceOperand(transposed_from_codes(codes));
     DeviceOperand out = *this;
     out.codes.codes.reset();
     out.codes.scales.reset();
@@ -102,10 +109,10 @@ class DeviceRecipe {
   // quantization of a tensor makes the role's scale from its amax (current scaling) or records its amax (delayed); a
   // later one (the backward's, a recompute's) uses the step's scale.
   virtual Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const = 0;
-  // x's codes in both layouts, those along its columns written over x itself (`values`, x's storage, which they then
-  // keep: x is given up), so that they take no memory beside x's but their transpose's: the transpose first, by
-  // quantize(), then the codes row by row at the scale it made or read. None where the recipe cannot (block
-  // scaling's tiles), or x is padded: quantize() then.
+  // x's codes along its columns written over x itself (`values`, x's storage, which they then keep: x is given up),
+  // row by row, so that they take no memory beside x's; their transpose is made from them later (transpose_later),
+  // once a product has read them and memory is freer. None where the recipe cannot (block scaling's tiles, which
+  // differ between the layouts), or x is padded: quantize() then.
   virtual std::optional<Fp8Codes> quantize_over(fp8::Role role, std::shared_ptr<Storage> values,
                                                 const QuantizeSource& x, Pass pass) const;
   // Where a kernel that makes role's tensor [rows, cols] can write its codes in the layouts asked for; none where the

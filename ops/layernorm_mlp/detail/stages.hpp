@@ -90,8 +90,8 @@ Gradients<typename Steps::Value, typename Steps::Grad> backward(Steps& s, const 
   dyq = {};
   auto dz = s.input(fp8::Role::grad_hidden, std::move(activation.dz), {.columns = need_dh, .rows = need.w1},
                     Pass::first);
-  const auto weight1_gradient = [&] {
-    if (need.w1) g.dw1 = s.weight_gradient(h, dz, Weight::w1);
+  const auto weight1_gradient = [&] {  // (dz's transpose made here where its codes went over its values)
+    if (need.w1) g.dw1 = s.weight_gradient(h, dz.weight_gradient_layout(), Weight::w1);
     h = {};
   };
   if (!need_dh) {
