@@ -136,6 +136,12 @@ std::int64_t max_offset(const std::vector<CopyAxis>& axes, bool source) {
   return m;
 }
 
+// dispatch_size's element types, and bytes (fp8 codes).
+template <class Fn> void dispatch_element(std::size_t bytes, Fn&& fn) {
+  if (bytes == 1) return fn(std::uint8_t{});
+  dispatch_size(bytes, "strided_copy", fn);
+}
+
 void copy_elementwise(const Launch& launch, std::size_t element, const void* src, void* dst,
                       const std::vector<CopyAxis>& axes) {
   std::int64_t n = 1;
@@ -144,7 +150,7 @@ void copy_elementwise(const Launch& launch, std::size_t element, const void* src
   constexpr std::int64_t narrow = std::numeric_limits<std::int32_t>::max();
   const bool fits_32 = n <= narrow && max_offset(axes, true) <= narrow && max_offset(axes, false) <= narrow;
   const Axes a = to_axes(axes);
-  dispatch_size(element, "strided_copy", [&](auto unit) {
+  dispatch_element(element, [&](auto unit) {
     using E = decltype(unit);
     const int blocks = launch.blocks_for(n, threads);
     if (fits_32) {
@@ -184,7 +190,7 @@ void copy_transposed(const Launch& launch, std::size_t element, const void* src,
               (rows.dim + tile - 1) / tile, (cols.dim + tile - 1) / tile};
   const std::int64_t tiles = batch_count * t.row_tiles * t.col_tiles;
   const int blocks = launch.blocks_for(tiles * tile * tile_rows, tile * tile_rows);
-  dispatch_size(element, "strided_copy", [&](auto unit) {
+  dispatch_element(element, [&](auto unit) {
     using E = decltype(unit);
     transpose_kernel<E><<<blocks, dim3(tile, tile_rows), 0, launch.stream()>>>(static_cast<const E*>(src),
                                                                                static_cast<E*>(dst), t, tiles);

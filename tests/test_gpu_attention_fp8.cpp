@@ -8,7 +8,8 @@
 // says; where P's error moves P·scale_s (or dS·scale_dp) across a rounding boundary, the kernel's code may be the
 // reference's neighbour, so each such term adds its code's spacing × the factor it multiplies to the bound of the
 // sums it enters (ambiguity()). An output is within its bound plus half its own code's spacing (e4m3: 2^-4 of its
-// value, e5m2: 2^-3).
+// value, e5m2: 2^-3). The backward's gradients have 2 % of their tensor's largest value more: Hopper's FP8 tensor
+// cores keep fewer bits than f32 between partial sums, which moves dS (and so its codes) by more than P's error.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -267,19 +268,18 @@ TEST_CASE("FP8 attention on cuDNN matches a double reference that quantizes wher
       for (const std::uint8_t bits : bits_of(t)) out.push_back(value_of<e5m2>(bits, scale));
       return out;
     };
-    const double subnormal = 0.5 * std::ldexp(1.0, -16) / 64;  // (e5m2's subnormal step at these scales)
-    check_close("dv", values(dv_gpu, scale_dv), r.dv, r.dv_bound, 0.125, subnormal);
-    check_close("dq", values(dq_gpu, scale_dq), r.dq, r.dq_bound, 0.125, subnormal);
-    check_close("dk", values(dk_gpu, scale_dk), r.dk, r.dk_bound, 0.125, subnormal);
-    CHECK(amaxes.read(2) == doctest::Approx(r.amax_dp).epsilon(0.01));
-    const auto amax = [](const std::vector<double>& x) {
+    const auto largest = [](const std::vector<double>& x) {
       double m = 0;
       for (const double e : x) m = std::max(m, std::fabs(e));
       return m;
     };
-    CHECK(amaxes.read(3) == doctest::Approx(amax(r.dq)).epsilon(0.03));
-    CHECK(amaxes.read(4) == doctest::Approx(amax(r.dk)).epsilon(0.03));
-    CHECK(amaxes.read(5) == doctest::Approx(amax(r.dv)).epsilon(0.03));
+    check_close("dv", values(dv_gpu, scale_dv), r.dv, r.dv_bound, 0.125, 0.02 * largest(r.dv));
+    check_close("dq", values(dq_gpu, scale_dq), r.dq, r.dq_bound, 0.125, 0.02 * largest(r.dq));
+    check_close("dk", values(dk_gpu, scale_dk), r.dk, r.dk_bound, 0.125, 0.02 * largest(r.dk));
+    CHECK(amaxes.read(2) == doctest::Approx(r.amax_dp).epsilon(0.01));
+    CHECK(amaxes.read(3) == doctest::Approx(largest(r.dq)).epsilon(0.03));
+    CHECK(amaxes.read(4) == doctest::Approx(largest(r.dk)).epsilon(0.03));
+    CHECK(amaxes.read(5) == doctest::Approx(largest(r.dv)).epsilon(0.03));
   }
 }
 
