@@ -140,6 +140,41 @@ __global__ void __launch_bounds__(over_threads) quantize_over_kernel(const OverJ
   if (j.amax_bits) merge_amax(m, j.amax_bits);  // (the same for every thread of the block)
 }
 
+// Tiles of codes as quantize_kernel's: each thread's runs of 8 codes of a row (8-byte loads where aligned; zeros past
+// the rows and columns), the tile through shared memory, its columns' runs written as 8 bytes of the transpose.
+struct TransposeJob {
+  const std::uint8_t* codes;
+  std::int64_t rows, cols, ld;
+  std::uint8_t* transposed;
+  std::int64_t transposed_ld;
+  bool aligned, transposed_aligned;
+};
+__global__ void __launch_bounds__(quantize_threads) transpose_codes_kernel(const TransposeJob j) {
+  __shared__ alignas(16) std::uint8_t block[tile][tile + 4];
+  wait_for_prior_kernels();
+  const std::int64_t tiles_across = (j.cols + tile - 1) / tile;
+  const std::int64_t tiles = tiles_across * ((j.transposed_ld + tile - 1) / tile);
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
+#pragma unroll
+    for (int u = 0; u < runs_per_thread; ++u) {
+      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
+      const std::int64_t r = r0 + i, col = c0 + c;
+      uint2 q = make_uint2(0, 0);
+      if (r < j.rows && j.aligned && col + run <= j.cols) {
+        q = *reinterpret_cast<const uint2*>(j.codes + r * j.ld + col);
+      } else if (r < j.rows) {
+        auto* bytes = reinterpret_cast<std::uint8_t*>(&q);
+        for (int e = 0; e < run && col + e < j.cols; ++e) bytes[e] = j.codes[r * j.ld + col + e];
+      }
+      store_tile_run(block, i, c, q);
+    }
+    __syncthreads();
+    store_transposed(block, r0, c0, j.cols, j.transposed_ld, j.transposed, j.transposed_ld, j.transposed_aligned);
+    __syncthreads();  // the tile is read before the next one overwrites it
+  }
+}
+
 fp8::Format format_of(DType format, const char* op) {
   check(is_fp8(format), op, "the format must be f8e4m3 or f8e5m2, got ", dtype_name(format));
   return format == DType::f8e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
@@ -208,6 +243,27 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
       launch_overlapped(launch, quantize_kernel<S, fp8::Format::e5m2>, blocks, quantize_threads, 0, job);
     }
   });
+}
+
+void fp8_transpose(const void* codes, std::int64_t rows, std::int64_t cols, std::int64_t ld, void* transposed,
+                   std::int64_t transposed_ld, int device) {
+  constexpr const char* op = "fp8_transpose";
+  check(rows >= 0 && cols >= 0 && ld >= cols && transposed_ld >= rows, op, "codes [", rows, ", ", cols, "] with rows ",
+        ld, " bytes apart cannot be transposed into rows of ", transposed_ld);
+  if (cols == 0 || transposed_ld == 0) return;
+  const Launch launch(device);
+  const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  const TransposeJob job{.codes = static_cast<const std::uint8_t*>(codes),
+                         .rows = rows,
+                         .cols = cols,
+                         .ld = ld,
+                         .transposed = static_cast<std::uint8_t*>(transposed),
+                         .transposed_ld = transposed_ld,
+                         .aligned = ld % run == 0 && at(codes, 8),
+                         .transposed_aligned = transposed_ld % run == 0 && at(transposed, 8)};
+  const std::int64_t tiles = ((transposed_ld + tile - 1) / tile) * ((cols + tile - 1) / tile);
+  launch_overlapped(launch, transpose_codes_kernel, launch.blocks_for(tiles * quantize_threads, quantize_threads),
+                    quantize_threads, 0, job);
 }
 
 void fp8_quantize_over(const Fp8QuantizeOver& q, int device) {

@@ -61,4 +61,10 @@ struct Fp8QuantizeOver {
 };
 void fp8_quantize_over(const Fp8QuantizeOver& q, int device);
 
+// codes [rows, cols] (rows `ld` bytes apart) transposed into [cols, transposed_ld] (transposed_ld >= rows; zero codes
+// in columns rows .. transposed_ld), as fp8_quantize writes its transposed copy: the layout a product summing over the
+// rows reads, made from codes whose values are gone.
+void fp8_transpose(const void* codes, std::int64_t rows, std::int64_t cols, std::int64_t ld, void* transposed,
+                   std::int64_t transposed_ld, int device);
+
 }  // namespace tapegrad::cuda

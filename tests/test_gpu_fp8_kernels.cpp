@@ -279,6 +279,36 @@ TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, row
                        doctest::Contains("fp8_quantize_over: needs the scale to quantize by"), Error);
 }
 
+TEST_CASE("fp8 codes transposed from codes are the codes moved, zero past the rows") {
+  std::mt19937 bits(std::random_device{}());
+  // (rows, cols, the codes' row stride, the transpose's): aligned and not, whole tiles and ragged edges
+  for (const auto [rows, cols, ld, transposed_ld] : {std::array<std::int64_t, 4>{64, 64, 64, 64},
+                                                     std::array<std::int64_t, 4>{130, 200, 400, 144},
+                                                     std::array<std::int64_t, 4>{37, 13, 13, 48},
+                                                     std::array<std::int64_t, 4>{1000, 24, 48, 1008}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    Tensor<f8e4m3> codes(Shape{rows * ld});
+    for (std::int64_t i = 0; i < codes.numel(); ++i) codes.flat(i) = f8e4m3{static_cast<std::uint8_t>(bits())};
+    const Tensor<f8e4m3> codes_gpu = codes.to(gpu);
+    Tensor<f8e4m3> transposed_gpu(Shape{cols * transposed_ld});  // (nonzero before: the padding must be written)
+    for (std::int64_t i = 0; i < transposed_gpu.numel(); ++i) transposed_gpu.flat(i) = f8e4m3{0x11};
+    transposed_gpu = transposed_gpu.to(gpu);
+    cuda::fp8_transpose(codes_gpu.data(), rows, cols, ld, transposed_gpu.data(), transposed_ld, 0);
+    const Tensor<f8e4m3> transposed = transposed_gpu.to(host);
+    std::int64_t bad = 0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      for (std::int64_t r = 0; r < transposed_ld; ++r) {
+        const std::uint8_t want = r < rows ? codes.flat(r * ld + c).bits : 0;
+        bad += transposed.flat(c * transposed_ld + r).bits != want;
+      }
+    }
+    CHECK(bad == 0);
+  }
+  CHECK_THROWS_WITH_AS(cuda::fp8_transpose(nullptr, 8, 8, 4, nullptr, 8, 0),
+                       doctest::Contains("fp8_transpose: codes [8, 8] with rows 4 bytes apart"), Error);
+}
+
 TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
   // Random bit patterns (every exponent: normals, subnormals of f32 and of fp8, values that saturate), the values
   // halfway between neighbouring codes (ties) and next to them, ±0, ±infinity and NaNs; scale 1.

@@ -288,11 +288,7 @@ Fp8Codes transposed_from_codes(Fp8Codes c) {
   const Device device = c.codes->device();
   c.transposed_ld = round_up(c.rows, cuda::fp8_row_alignment);
   c.transposed = Storage::allocate(static_cast<std::size_t>(c.cols * c.transposed_ld), device);
-  if (c.transposed_ld > c.rows) {  // zero codes past the rows, as quantize() writes them (rows of 16-byte multiples)
-    cuda::fill(DType::f32, c.transposed->data(), c.cols * c.transposed_ld / 4, 0.0, device.index);
-  }
-  cuda::strided_copy(c.format, c.codes->data(), c.transposed->data(),
-                     {{c.rows, c.codes_ld, 1}, {c.cols, 1, c.transposed_ld}}, device.index);
+  cuda::fp8_transpose(c.codes->data(), c.rows, c.cols, c.codes_ld, c.transposed->data(), c.transposed_ld, device.index);
   c.codes.reset();
   c.codes_ld = 0;
   c.transpose_later = false;
