@@ -6,7 +6,11 @@
 // C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 #include "tapegrad/ops/layernorm_mlp/detail/gpu_steps.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -20,6 +24,7 @@
 #include "tapegrad/tensor/detail/accumulate.hpp"
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/detail/side_stream.hpp"
+#include "tapegrad/tensor/gpu/memory.hpp"
 
 namespace tapegrad::detail::mlp {
 
@@ -61,9 +66,21 @@ template <class T, class P> class GpuSteps {
   const Sharding& sharding() const { return sharding_; }
   const LayerNormMLPOptions& options() const { return s_.options; }
 
+  // With TAPEGRAD_MEMORY_TRACE set: the device pool's memory in use and its peak as `stage` is queued, on stderr (the
+  // pool counts what is allocated in stream order, so these are the step's own figures at that point).
+  void trace(std::string_view stage) const {
+    static const bool enabled = std::getenv("TAPEGRAD_MEMORY_TRACE") != nullptr;
+    if (!enabled) return;
+    const cuda::MemoryStats m = cuda::memory_stats(device_.index);
+    constexpr double mib = 1 << 20;
+    std::fprintf(stderr, "layernorm_mlp %-28.*s in use %9.1f MiB, peak %9.1f MiB\n", static_cast<int>(stage.size()),
+                 stage.data(), static_cast<double>(m.in_use) / mib, static_cast<double>(m.peak_in_use) / mib);
+  }
+
   // h [rows, H] (padded) from x and the saved γ, β: the forward computes the statistics (and h's amax where the
   // recipe takes it from here: the rows are all of h's), a recompute leaves them as they are (bitwise the forward's h).
   Tensor<T> norm(Statistics statistics) const {
+    trace("norm");
     const bool compute = statistics == Statistics::compute;
     float* amax = compute && !sharding_.sequence() ? s_.quantizer.amax_target(fp8::Role::input, Pass::first) : nullptr;
     Tensor<T> h(Shape{s_.norm.rows, s_.padded.hidden}, device_);
@@ -84,6 +101,7 @@ template <class T, class P> class GpuSteps {
   // made from them once dh's product has read them (weight_gradient_layout): dz (twice a's size) beside both layouts
   // would be the step's peak, above bf16's.
   Operand input(fp8::Role role, Operand x, Layouts layouts, Pass pass) const {
+    trace(std::string("input ") + std::string(fp8::role_name(role)));
     if (role == fp8::Role::grad_hidden && layouts.columns && layouts.rows && form_.width() == 2) {
       return s_.quantizer.input_over(role, std::move(x), pass);
     }
@@ -93,6 +111,7 @@ template <class T, class P> class GpuSteps {
   // z (padded, [M, nF]) = h · W1 + b1 rounded to T, and, with the GELU epilogue, a = gelu of the unrounded sum: its
   // values, or with fp8 its codes where the recipe knows a's scale before (a forward's first product).
   First first_product(const Operand& h) const {
+    trace("GEMM1");
     const auto [M, H, F, n] = s_.padded;
     check(!s_.w1.quantized() || s_.w1.codes.transposed, "layernorm_mlp",
           "an fp8 node on a GPU makes z again only with recompute_all, whose forward keeps W1's transposed codes: run "
@@ -139,6 +158,7 @@ template <class T, class P> class GpuSteps {
   // y (padded, [M, H]) = a · W2 + b2. With fp8, W2 is quantized here, once a is made (its two layouts are not held
   // beside a's values), and the backward reads its codes, not their transpose.
   Tensor<T> second_product(const Operand& a) const {
+    trace("GEMM2");
     const auto [M, H, F, n] = s_.padded;
     if (!s_.w2.defined()) {
       Resizes<T> none;  // (a quantized weight pads nothing)
@@ -167,6 +187,7 @@ template <class T, class P> class GpuSteps {
 
   // dh = dz · W1ᵀ [M, H], padded, into a fresh tensor (the addend's copy where there is one). W1's codes go with it.
   Tensor<T> norm_output_gradient(const Operand& dz, const Tensor<T>* addend = nullptr) const {
+    trace("dh product");
     const auto [M, H, F, n] = s_.padded;
     Tensor<T> dh;
     if (!addend) dh = Tensor<T>(Shape{M, H}, device_);
@@ -187,6 +208,7 @@ template <class T, class P> class GpuSteps {
   ActivationBackward activation_backward(Tensor<T> z, Operand& dy, Layouts a_layouts, Layouts dz_layouts,
                                          bool need_db1) {
     const auto [M, H, F, n] = s_.padded;
+    trace("activation backward");
     // dz's codes in both layouts beside z outgrow bf16's step where dz is large: a gated activation's dz (twice a's
     // size) and every dz of a step that takes da in parts (codes_parts). There dz is written over z and quantized over
     // itself after dW2's product, as current scaling's is (see input()): measured on an H100 at (8192, 4096, 16384),
@@ -244,6 +266,7 @@ template <class T, class P> class GpuSteps {
   }
 
   Grad weight_gradient(const Operand& a, const Operand& b, Weight w) {
+    trace(w == Weight::w2 ? "dW2 product" : "dW1 product");
     const auto [M, H, F, n] = s_.dims;
     const auto [Mp, Hp, Fp, np] = s_.padded;
     if (w == Weight::w2) return s_.quantizer.template weight_gradient<P>(a, b, Shape{F, H}, Shape{Fp, Hp}, &crops_);
@@ -271,6 +294,7 @@ template <class T, class P> class GpuSteps {
   // dx (padded like x, then cropped) rounds to T once; dγ, dβ and db2 (from dy's rows, where given) are summed in C
   // and rounded once to P.
   NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>* db2_rows) {
+    trace("norm backward");
     const std::int64_t rows = s_.norm.rows, H = s_.dims.hidden;
     Tensor<T> dx;
     if (need.x) dx = Tensor<T>(Shape{rows, s_.padded.hidden}, device_);
@@ -357,6 +381,7 @@ template <class T, class P> class GpuSteps {
       part.dz_transposed = bytes_after(args.dz_transposed, first);
       part.a_transposed = bytes_after(args.a_transposed, first);
       part.partials = dbias ? partials.data() + partials_at : nullptr;
+      trace("activation backward, da's part");
       cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data() + first * n * F, da.data(), part,
                                           rows, F);
       partials_at += cuda::mlp_activation_codes_partials(rows, F, width);
