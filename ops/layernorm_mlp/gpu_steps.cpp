@@ -68,13 +68,14 @@ template <class T, class P> class GpuSteps {
 
   // With TAPEGRAD_MEMORY_TRACE set: the device pool's memory in use and its peak as `stage` is queued, on stderr (the
   // pool counts what is allocated in stream order, so these are the step's own figures at that point).
-  void trace(std::string_view stage) const {
+  void trace(std::string_view stage, std::string_view role = {}) const {
     static const bool enabled = std::getenv("TAPEGRAD_MEMORY_TRACE") != nullptr;
     if (!enabled) return;
     const cuda::MemoryStats m = cuda::memory_stats(device_.index);
     constexpr double mib = 1 << 20;
-    std::fprintf(stderr, "layernorm_mlp %-28.*s in use %9.1f MiB, peak %9.1f MiB\n", static_cast<int>(stage.size()),
-                 stage.data(), static_cast<double>(m.in_use) / mib, static_cast<double>(m.peak_in_use) / mib);
+    std::fprintf(stderr, "layernorm_mlp %-28s in use %9.1f MiB, peak %9.1f MiB\n",
+                 (std::string(stage) + (role.empty() ? "" : " ") + std::string(role)).c_str(),
+                 static_cast<double>(m.in_use) / mib, static_cast<double>(m.peak_in_use) / mib);
   }
 
   // h [rows, H] (padded) from x and the saved γ, β: the forward computes the statistics (and h's amax where the
@@ -101,7 +102,7 @@ template <class T, class P> class GpuSteps {
   // made from them once dh's product has read them (weight_gradient_layout): dz (twice a's size) beside both layouts
   // would be the step's peak, above bf16's.
   Operand input(fp8::Role role, Operand x, Layouts layouts, Pass pass) const {
-    trace(std::string("input ") + std::string(fp8::role_name(role)));
+    trace("input", fp8::role_name(role));
     if (role == fp8::Role::grad_hidden && layouts.columns && layouts.rows && form_.width() == 2) {
       return s_.quantizer.input_over(role, std::move(x), pass);
     }
