@@ -15,6 +15,13 @@ struct AttentionShape {
   std::int64_t B, S, Hq, Hkv, D;
 };
 
+// Issue 41's shapes, under the names peer_attention.py gives them.
+inline constexpr AttentionShape issue_attention_shapes[] = {
+    {"b4_s4k_h32_d128", 4, 4096, 32, 32, 128},  {"b2_s8k_h32_d128", 2, 8192, 32, 32, 128},
+    {"b16_s1k_h16_d64", 16, 1024, 16, 16, 64},  {"b1_s16k_h8_d128", 1, 16384, 8, 8, 128},
+    {"gqa_b4_s4k_h32_kv8_d128", 4, 4096, 32, 8, 128},
+};
+
 // The forward's two products, q·kᵀ and p·v: 4·B·Hq·S²·D; causal skips half of them.
 inline double attention_forward_flops(const AttentionShape& s, bool causal) {
   return 4.0 * double(s.B) * double(s.Hq) * double(s.S) * double(s.S) * double(s.D) / (causal ? 2 : 1);

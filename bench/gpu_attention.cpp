@@ -16,13 +16,6 @@ namespace {
 
 using namespace tapegrad;
 
-// The names peer_attention.py gives the same shapes.
-constexpr AttentionShape shapes[] = {
-    {"b4_s4k_h32_d128", 4, 4096, 32, 32, 128},  {"b2_s8k_h32_d128", 2, 8192, 32, 32, 128},
-    {"b16_s1k_h16_d64", 16, 1024, 16, 16, 64},  {"b1_s16k_h8_d128", 1, 16384, 8, 8, 128},
-    {"gqa_b4_s4k_h32_kv8_d128", 4, 4096, 32, 8, 128},
-};
-
 JsonLine& describe(JsonLine& line, const AttentionShape& s, bool causal, nn::AttentionLayout layout) {
   return line.str("config", s.name)
       .shape({s.B, s.S, s.Hq, s.Hkv, s.D}, "b_s_hq_hkv_d")
@@ -65,7 +58,7 @@ void gpu_attention() {
   if (!gpu_available("gpu_attention")) return;
   cuda::set_gemm_autotune(true);
   cuda::set_attention_autotune(true);
-  for (const AttentionShape& s : shapes) {
+  for (const AttentionShape& s : issue_attention_shapes) {
     for (const bool causal : {false, true}) {
       for (const nn::AttentionLayout layout : {nn::AttentionLayout::bshd, nn::AttentionLayout::bhsd}) {
         if (const auto error = failure_of([&] { run_case(s, causal, layout); })) {  // e.g. a composite's S × S scores

@@ -5,6 +5,7 @@
 // cuDNN refuses reports why on its line.
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "attention_step.hpp"
 #include "gpu_timing.hpp"
@@ -19,10 +20,7 @@ namespace {
 
 using namespace tapegrad;
 
-constexpr AttentionShape shapes[] = {
-    {"layer_b4_s2k_h32_d128", 4, 2048, 32, 32, 128}, {"b4_s4k_h32_d128", 4, 4096, 32, 32, 128},
-    {"b2_s8k_h32_d128", 2, 8192, 32, 32, 128},       {"gqa_b4_s4k_h32_kv8_d128", 4, 4096, 32, 8, 128},
-};
+constexpr AttentionShape layer_shape{"layer_b4_s2k_h32_d128", 4, 2048, 32, 32, 128};
 
 template <class T> Tensor<T> random_on_gpu(std::int64_t n, std::uint64_t seed) {
   return cast<T>(randn<float>({n}, seed)).to(Device::cuda(0));
@@ -136,6 +134,10 @@ void run_case(const AttentionShape& s, bool causal) {
 void gpu_attention_fp8() {
   if (!gpu_available("gpu_attention_fp8")) return;
   cuda::set_attention_autotune(true);
+  std::vector<AttentionShape> shapes{layer_shape};
+  for (const AttentionShape& s : issue_attention_shapes) {
+    if (s.D == 128) shapes.push_back(s);  // (the FP8 backward's one head size on Hopper)
+  }
   for (const AttentionShape& s : shapes) {
     for (const bool causal : {true, false}) {
       if (const auto error = failure_of([&] { run_case(s, causal); })) {

@@ -355,10 +355,6 @@ bool cudnn_attention_backward(DType dtype, const Problem& p, const void* q, cons
   return true;
 }
 
-}  // namespace tapegrad::cuda
-
-namespace tapegrad::cuda {
-
 std::string cudnn_attention_fp8_refusal(const Problem& p, bool backward, DType gradient_dtype, int device) {
   std::string refusal;
   plan_for(DType::f8e4m3, p, backward, device, refusal, gradient_dtype);
