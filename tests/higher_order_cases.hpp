@@ -4,17 +4,16 @@
 #pragma once
 
 #include <functional>
-#include <random>
 #include <vector>
 
+#include "support.hpp"
 #include "tapegrad/tapegrad.hpp"
 
 namespace tapegrad::higher_order_test {
 
 using Inputs = std::vector<Var<double>>;
 using F = std::function<Var<double>(const Inputs&)>;
-
-inline std::uint64_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 // Values away from zero, where the ops below are smooth (relu, abs and max have kinks there).
 inline Tensor<double> away_from_zero(const Shape& shape, std::uint64_t seed) {

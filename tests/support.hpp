@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <string>
 
 #include "tapegrad/tensor/eigen.hpp"
 #include "tapegrad/tensor/tensor.hpp"
@@ -16,6 +19,12 @@ TYPE_TO_STRING(tapegrad::bf16);
 TYPE_TO_STRING(tapegrad::f16);
 
 namespace tapegrad::test {
+
+// A fresh seed for a test's random inputs, or TAPEGRAD_TEST_SEED's: the seed a failure printed, to run it again.
+inline std::uint64_t fresh_seed() {
+  if (const char* s = std::getenv("TAPEGRAD_TEST_SEED"); s && *s) return std::stoull(s);
+  return std::random_device{}();
+}
 
 // atol_in_rms: atol counts in units of the reference's root mean square where that exceeds 1 (for sums over many
 // terms, whose rounding grows with their typical size while single elements may cancel to near zero).

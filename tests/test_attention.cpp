@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,7 +17,7 @@ using namespace tapegrad;
 
 namespace {
 
-std::uint64_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 struct Case {
   const char* name;

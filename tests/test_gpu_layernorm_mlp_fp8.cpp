@@ -13,8 +13,10 @@
 // z, a, da and dz is also rounded to bf16 first: a sum 1e-4 apart changes a few % of them by one bf16 step, and a
 // bf16 step at an fp8 rounding boundary (bf16 holds those boundaries exactly) moves the code. The results are held
 // to bounds on their relative error ‖gpu - cpu‖ / ‖cpu‖ that such steps stay below (measured worst over all cases,
-// recipes and three runs: f32 y 1.5 %, gradients 5.0 %; bf16 y 4.1 %, gradients 11.4 %, block scaling's on the
-// small block), and a wrong operand, layout or scale far above (errors of order 1). The comparisons run the
+// recipes and some thirty runs on an H100 and an H200: f32 y 1.5 % but once 8.2 % (delayed scaling's first step and
+// block scaling, whose power-of-two scales put more values on fp8's rounding boundaries), gradients 5.0 %; bf16 y
+// 4.1 %, gradients 11.7 %, block scaling's on the small block; but see derivative_jumps), and a wrong operand, layout
+// or scale far above (errors of order 1). The comparisons run the
 // forward's products without fast accumulation (fast_forward_accumulation off), and again with it, in f32 on the
 // larger block (measured 0.6 % and 0.9 %).
 #include <doctest/doctest.h>
@@ -26,7 +28,6 @@
 #include <functional>
 #include <limits>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,21 +47,32 @@ using test::gpu;
 namespace {
 
 // Bounds on ‖gpu - cpu‖ / ‖cpu‖ (see above).
-template <class T> double bound() { return std::is_same_v<T, float> ? 0.08 : 0.16; }
+template <class T> double bound() { return std::is_same_v<T, float> ? 0.12 : 0.16; }
+
+// The gradients of activations whose derivative jumps (relu's and reglu's at 0, clamped_swiglu's clamps): a z on one
+// side of a jump on the CPU and on the other on the GPU (their sums 1e-4 apart) moves a whole term of dz, and with it
+// a row of dh and dx by order 1. Measured on an H100 over some thirty runs of every case: such gradients up to 37 %
+// off in about one run in three (block scaling's more often), y within its bound, and nothing past the bounds with
+// clamps that never bite. Held to 0.5 there, below the order-1 errors of a wrong operand, layout or scale; the other
+// activations, through the same kernels and quantizations, keep the bounds above.
+bool derivative_jumps(Activation a) {
+  return a == Activation::relu || a == Activation::reglu || a == Activation::clamped_swiglu;
+}
+template <class T> double gradient_bound(Activation a) { return derivative_jumps(a) ? 0.5 : bound<T>(); }
 
 struct Worst {
   double y = 0, grad = 0;
 };
 
 template <class T, class P>
-void check_close(const Step<T, P>& got, const Step<T, P>& want, double limit, Worst& worst) {
+void check_close(const Step<T, P>& got, const Step<T, P>& want, double limit, double grad_limit, Worst& worst) {
   const double ey = test::relative_error(got.y, cast<double>(want.y));
   CHECK(ey <= limit);
   worst.y = std::max(worst.y, ey);
   for (std::size_t i = 0; i < want.grads.size(); ++i) {
     CAPTURE(i);
     const double e = test::relative_error(got.grads[i], cast<double>(want.grads[i]));
-    CHECK(e <= limit);
+    CHECK(e <= grad_limit);
     worst.grad = std::max(worst.grad, e);
   }
 }
@@ -80,14 +92,14 @@ void check_case(const Case& c, const Shape& x_shape, std::int64_t F, const Named
     CAPTURE(k);
     const auto want = step(x, cpu_params, cpu_options, seed + 2 + k);
     const auto got = step(x.to(gpu), gpu_params, gpu_options, seed + 2 + k);
-    check_close(got, want, bound<T>(), worst);
+    check_close(got, want, bound<T>(), gradient_bound<T>(c.options.activation), worst);
   }
 }
 
 }  // namespace
 
 TEST_CASE("the fp8 node on the GPU follows the CPU's fp8 node in every option and recipe") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);
@@ -104,7 +116,7 @@ TEST_CASE("the fp8 node on the GPU follows the CPU's fp8 node in every option an
 }
 
 TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and on a larger block") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);
@@ -126,7 +138,7 @@ TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and o
 // GPU, which fp8 follows within its own rounding (steps of 1/16 in e4m3 and 1/4 in e5m2: a normwise error of several
 // %), where a half's rows misplaced, left out or summed twice into db1 is off by order 1.
 TEST_CASE("the fp8 node on a block whose backward takes da in two halves of rows follows its bf16 node") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const std::int64_t M = 8192, H = 2048, F = 8192;
   const Tensor<bf16> x = randn<bf16>({M, H}, seed, 0.2, 1.0).to(gpu);
@@ -142,7 +154,7 @@ TEST_CASE("the fp8 node on a block whose backward takes da in two halves of rows
       LayerNormMLPOptions o = c.options;
       o.fp8 = fp8_quantization(r.recipe);
       Worst worst;
-      check_close(step(x, p, o, seed + 2), want, 0.3, worst);
+      check_close(step(x, p, o, seed + 2), want, 0.3, 0.3, worst);
       MESSAGE(r.name, ", ", name, ": relative errors against bf16: y ", worst.y, ", gradients ", worst.grad);
     }
   }
@@ -152,7 +164,7 @@ TEST_CASE("delayed scaling's state after GPU steps is the CPU's") {
   // Both sides record the same tensors' amaxes. W1, W2 and dy are the same values on both: their amaxes and the
   // scales made from them are bitwise equal. h, a and dz come out of sums taken in another way (the norm's, the FP8
   // GEMMs'; see above): equal to 1e-3.
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Case c{.options = {.activation = Activation::swiglu}};
   const Tensor<float> x = randn<float>({4, 8, 48}, seed, 0.2, 1.0);
@@ -229,7 +241,7 @@ void check_same_state(const fp8::ScalingState& got, const fp8::ScalingState& wan
 TEST_CASE("delayed scaling's whole step (forward, backward, update) captures as a CUDA graph") {
   // The state stays on the device: a replay reads its scales there and ends its step there. Replays give the eager
   // steps' bits: y, the gradients, the histories and scales.
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Case c{.options = {.activation = Activation::gelu}};
   DeviceStep eager = device_step(c, seed), graphed = device_step(c, seed);
@@ -251,7 +263,7 @@ TEST_CASE("delayed scaling's whole step (forward, backward, update) captures as 
 }
 
 TEST_CASE("a non-finite amax on the GPU: the device refuses the step, the state's next read says so, steps go on") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Case c{.options = {.activation = Activation::gelu}};
   DeviceStep s = device_step(c, seed), reference = device_step(c, seed);
@@ -279,7 +291,7 @@ TEST_CASE("a non-finite amax on the GPU: the device refuses the step, the state'
 }
 
 TEST_CASE("a state's first GPU step captured into a graph is refused by name, and the state is left as it was") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Case c{.options = {.activation = Activation::gelu}};
   DeviceStep warm = device_step(c, seed), fresh = device_step(c, seed);
@@ -438,7 +450,7 @@ TEST_CASE("a step the GPU refused is still reported after a restore() that no re
 }
 
 TEST_CASE("the fp8 node on the GPU gives bitwise the same results on a second run and under every policy") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Tensor<bf16> x = randn<bf16>({2, 9, 136}, seed, 0.1, 1.0).to(gpu);
   for (const NamedRecipe& r : fp8_recipes) {

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <complex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,7 +15,7 @@ using namespace tapegrad;
 
 namespace {
 
-std::uint64_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 // rope written with std::complex: pair i of head h at position s is multiplied by e^{i·angle}. x in [B, S, H, D]
 // (bshd) or [B, H, S, D] (bhsd).
