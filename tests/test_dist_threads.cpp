@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,7 +32,7 @@ TEST_CASE_TEMPLATE("threads of one process run every collective", T, DIST_DTYPES
 }
 
 TEST_CASE_TEMPLATE("the tensor-parallel node on threads equals the unsharded one", T, double, float) {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   test::on_threads(2, [&](const dist::Communicator& comm) {
     mlp_test::check_sharded_cases<T>(comm, seed, Device::cpu(), mlp_test::cpu_sharding_tolerance<T>());
@@ -44,7 +43,7 @@ TEST_CASE_TEMPLATE("the tensor-parallel node on threads equals the unsharded one
 // the ranks; block scaling's tiles within shards): only the sums over the ranks round in another order. In f32 the
 // products' sums may move an element across an fp8 rounding boundary: the fp8 tests' bounds.
 TEST_CASE("the tensor-parallel fp8 node on threads equals the unsharded one, for every recipe") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   for (const int ranks : {2, 4}) {
     CAPTURE(ranks);
@@ -66,7 +65,7 @@ TEST_CASE("the tensor-parallel fp8 node on threads equals the unsharded one, for
 }
 
 TEST_CASE("block scaling's tiles cut at the shards' edges stay within the fp8 bounds of the unsharded node") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   test::on_threads(2, [&](const dist::Communicator& comm) {
     for (bool sequence : {false, true}) {
@@ -139,7 +138,7 @@ void close_in_double(const Tensor<double>& got, const Tensor<double>& want) {
 }
 
 TEST_CASE("sharded modules on threads equal the unsharded ones: Dense's modes, MultiHeadAttention, TransformerLayer") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   using Parallel = nn::DenseConfig::Parallel;
   using Tp = std::optional<TensorParallel>;
@@ -203,7 +202,7 @@ void check_fp8_states(const dist::Communicator& comm, const nn::StateDict& shard
 // TransformerLayer (fp8 in every product, heads and F too narrow for whole tiles): their results within the fp8 tests'
 // bounds, delayed and current scaling's within 1e-11 too.
 TEST_CASE("sharded fp8 modules on threads equal the unsharded ones for every recipe, their states the same on all ranks") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   using Parallel = nn::DenseConfig::Parallel;
   using Tp = std::optional<TensorParallel>;

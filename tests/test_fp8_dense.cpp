@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <variant>
 #include <vector>
 
@@ -55,7 +54,7 @@ Run<T, P> run(const Tensor<T>& xv, Var<P> kernel, Var<P> bias, const Fp8Quantiza
 }  // namespace
 
 TEST_CASE("fp8_dense multiplies the quantized x, kernel and dy, with current scaling each its own") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const std::int64_t M = 6, K = 8, N = 12;
   const Tensor<double> xv = randn<double>({2, 3, K}, seed), dy = randn<double>({2, 3, N}, seed + 1);
@@ -79,7 +78,7 @@ TEST_CASE("fp8_dense multiplies the quantized x, kernel and dy, with current sca
 }
 
 TEST_CASE("fp8_dense with delayed scaling records x, the kernel and dy, and quantizes the next step with them") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Fp8Quantization q = fp8_quantization(fp8::DelayedScaling{.amax_history_len = 3});
   const Tensor<double> xv = randn<double>({5, 16}, seed), dy = randn<double>({5, 24}, seed + 1);
@@ -104,7 +103,7 @@ TEST_CASE("fp8_dense stays near the unquantized product in every recipe and dtyp
   // rms ≈ 3.6 %), the gradients an e5m2 one (up to 2^-3) beside an e4m3 one. A wrong operand, transpose or scale
   // gives errors of order 1.
   const double forward_bound = 0.1, gradient_bound = 0.2;
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const std::int64_t K = 160, N = 136;  // block scaling's tiles and blocks end short
   const Tensor<double> xd = randn<double>({3, 11, K}, seed), dyd = randn<double>({3, 11, N}, seed + 1);
@@ -159,7 +158,7 @@ TEST_CASE("fp8_dense refuses arguments that do not fit, naming them") {
 }
 
 TEST_CASE("nn::Dense and nn::LayerNormDense with a recipe are fp8_dense with a state they own; parameters stay in P") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (const NamedRecipe& r : fp8_recipes) {
     CAPTURE(r.name);

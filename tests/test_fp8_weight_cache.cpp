@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <memory>
-#include <random>
 #include <string>
 
 #include "fp8_mlp_cases.hpp"
@@ -27,7 +26,7 @@ Fp8Quantization cached(const fp8::Recipe& recipe) {
 }  // namespace
 
 TEST_CASE("fp8_dense with a weight cache quantizes the kernel once, and again for another tensor or after clear()") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Tensor<float> dy = randn<float>({6, 12}, seed);
   const Var<float> kernel = param(randn<float>({8, 12}, seed + 1, 0.0, 0.3));
@@ -65,7 +64,7 @@ TEST_CASE("fp8_dense with a weight cache quantizes the kernel once, and again fo
 }
 
 TEST_CASE("layernorm_mlp with a weight cache under delayed scaling records the weights' amaxes once") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (Recompute policy : all_policies) {
     CAPTURE(recompute_name(policy));
@@ -88,7 +87,7 @@ TEST_CASE("layernorm_mlp with a weight cache under delayed scaling records the w
 }
 
 TEST_CASE("a module's fp8 weight cache lives until parameters_changed() or load_state_dict") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   nn::LayerNormMLP<float> mlp(16, {.intermediate_dim = 24, .fp8 = fp8::CurrentScaling{}, .fp8_weight_cache = true},
                               seed);

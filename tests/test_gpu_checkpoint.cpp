@@ -6,7 +6,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <string>
 
 #include "gpu_reference.hpp"
@@ -30,7 +29,7 @@ bool same_bits(const AnyTensor& a, const AnyTensor& b) {
 }  // namespace
 
 TEST_CASE("safetensors files save device tensors and load into device memory bitwise") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const safetensors::TensorMap tensors = {{"w", randn<bf16>({64, 33}, seed).to(gpu)},
                                           {"b", randn<float>({33}, seed + 1).to(gpu)},

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -144,7 +143,7 @@ TEST_CASE("a staged collective on a capturing stream fails every rank at once, n
 
 // body(communicator of rank r, seed, its device) on one thread a rank, for each placement; the seed fresh and shared.
 template <class Body> void on_gpu_ranks(Body body) {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   MESSAGE("seed ", seed);
   for (const Placement& placement : placements()) {
     CAPTURE(placement.ranks);
@@ -174,7 +173,7 @@ TEST_CASE("the tensor-parallel fp8 node on GPUs equals the unsharded one for eve
 }
 
 TEST_CASE("data-parallel training on GPUs equals one GPU on the whole batch") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   constexpr std::int64_t batch = 8, hidden = 16;
   const auto model_on = [&](Device device) {
     return nn::LayerNormMLP<float>(hidden, {.intermediate_dim = 32, .bias_init = Initializer::normal(0.1)}, seed,

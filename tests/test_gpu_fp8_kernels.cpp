@@ -156,7 +156,7 @@ template <class F, class T> void check_quantization(const Tensor<T>& x, std::int
 }  // namespace
 
 TEST_CASE("fp8 quantization on the GPU gives the CPU's amax, scales, codes and transposed codes") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   // Whole runs of 8 (cols a multiple of 8) and single elements; tiles cut short in rows and columns.
   for (const Shape& shape : {Shape{1, 1}, Shape{37, 70}, Shape{256, 160}, Shape{33, 1}, Shape{1, 300}, Shape{40, 136},
@@ -260,7 +260,7 @@ template <class F, class T> void check_quantization_over(const Tensor<T>& x) {
 
 TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, rows a row's bytes apart") {
   // (current scaling's scale made by the kernel, delayed scaling's amax merged by it)
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   // One run; a row of one chunk cut short, of several chunks and a part; more rows than the grid's blocks (it strides).
   for (const Shape& shape : {Shape{1, 8}, Shape{37, 136}, Shape{5, 22016}, Shape{3, 6152}, Shape{9000, 16}}) {
@@ -280,7 +280,7 @@ TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, row
 }
 
 TEST_CASE("fp8 codes transposed from codes are the codes moved, zero past the rows") {
-  std::mt19937 bits(std::random_device{}());
+  std::mt19937 bits(test::fresh_seed());
   // (rows, cols, the codes' row stride, the transpose's): aligned and not, whole tiles and ragged edges
   for (const auto [rows, cols, ld, transposed_ld] : {std::array<std::int64_t, 4>{64, 64, 64, 64},
                                                      std::array<std::int64_t, 4>{130, 200, 400, 144},
@@ -312,7 +312,7 @@ TEST_CASE("fp8 codes transposed from codes are the codes moved, zero past the ro
 TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
   // Random bit patterns (every exponent: normals, subnormals of f32 and of fp8, values that saturate), the values
   // halfway between neighbouring codes (ties) and next to them, ±0, ±infinity and NaNs; scale 1.
-  std::mt19937 bits(std::random_device{}());
+  std::mt19937 bits(test::fresh_seed());
   Tensor<float> x({1024, 256});
   for (std::int64_t i = 0; i < x.numel(); ++i) x.flat(i) = std::bit_cast<float>(static_cast<std::uint32_t>(bits()));
   std::int64_t at = 0;
@@ -349,7 +349,7 @@ TEST_CASE("every kind of f32 value quantizes on the GPU to the CPU's code") {
 }
 
 TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of its a, with the same amax as its a's") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
     const ActivationForm form = detail::mlp::activation_form({.activation = activation});
@@ -378,7 +378,7 @@ TEST_CASE("the activation kernel's fp8 codes of a are fp8_quantize's codes of it
 }
 
 TEST_CASE("the activation kernel's codes of a in 1x128 tiles are fp8_block_quantize's of its a, scales too") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu}) {
     const ActivationForm form = detail::mlp::activation_form({.activation = activation});
@@ -424,7 +424,7 @@ TEST_CASE("the activation kernel's codes of a in 1x128 tiles are fp8_block_quant
 
 TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of the plain backward's, its dz the plain "
           "dz, and db1 its sum") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (Activation activation : {Activation::gelu, Activation::swiglu, Activation::squared_relu,
                                 Activation::clamped_swiglu}) {
@@ -554,7 +554,7 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
 }
 
 TEST_CASE("the norm's amax of y is fp8_amax's of its y, in every kernel and with padded rows") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   // hidden 200: a warp a row; 3000 (padded to 3008): rows held in registers; 9000: a block a row, in 8 passes.
   for (const auto& [hidden, ld] : {std::pair<std::int64_t, std::int64_t>{200, 200}, {3000, 3008}, {9000, 9000}}) {
@@ -580,7 +580,7 @@ TEST_CASE("the norm's amax of y is fp8_amax's of its y, in every kernel and with
 }
 
 TEST_CASE("fp8 products through cuBLASLt are the products of the dequantized operands") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (const auto [M, N, K] : {std::array<std::int64_t, 3>{16, 16, 16}, {64, 64, 64}, {64, 48, 96}, {200, 144, 512},
                                {37, 16, 16}}) {
@@ -600,7 +600,7 @@ TEST_CASE("an fp8 product's GELU epilogue writes its sum, GELU's codes at the sc
   // takes GELU of the unrounded sum; its sum and GELU may differ from these in the last bits: z within one bf16 step,
   // each code within one fp8 step of the reference's value, the amax within 1e-3. A's scale is cut by 32 to bring the
   // sums into GELU's curved range, with codes unsaturated.
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   for (const auto [M, N, K] : {std::array<std::int64_t, 3>{64, 48, 96}, {37, 272, 64}}) {
     CAPTURE(M);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <random>
 #include <string>
 #include <variant>
 #include <vector>
@@ -72,7 +71,7 @@ Tensor<double> transposed(const Tensor<double>& t, std::int64_t rows, std::int64
 }  // namespace
 
 TEST_CASE("the fp8 node follows its f64 reference and the unquantized node within bounds on the relative error") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   // H 160: block scaling's 1×128 tiles end short in each row, and 128×128 blocks in W1 and W2.
   const Tensor<double> xd = randn<double>({3, 7, 160}, seed, 0.2, 1.0);
@@ -119,7 +118,7 @@ TEST_CASE("the fp8 node follows its f64 reference and the unquantized node withi
 
 TEST_CASE_TEMPLATE("the fp8 node's gradients are bitwise the same under every policy and on a second run", T, float,
                    bf16) {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const Tensor<T> x = randn<T>({2, 9, 136}, seed, 0.1, 1.0);
   for (const NamedRecipe& r : fp8_recipes) {
@@ -134,7 +133,7 @@ TEST_CASE_TEMPLATE("the fp8 node's gradients are bitwise the same under every po
 TEST_CASE("current scaling quantizes h and W1, a and W2 forward, dy and a for dW2, each with its own amax") {
   // In double, with relu (no rounding between the products but the quantization itself), the node's y and dW2 are
   // the products of the quantized values, written out by hand.
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const std::int64_t M = 6, H = 8, F = 12;
   Case c{.options = {.activation = Activation::relu, .return_layernorm_output = true}};
@@ -163,7 +162,7 @@ TEST_CASE("current scaling quantizes h and W1, a and W2 forward, dy and a for dW
 }
 
 TEST_CASE("delayed scaling records each tensor's amax once a step, and the next step quantizes with them") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   Case c{.options = {.activation = Activation::gelu, .return_layernorm_output = true}};
   const Params<double> p = make_params<double>(c, 16, 24, seed);
@@ -278,7 +277,7 @@ TEST_CASE("training with each recipe ends within 10 % of the bf16 run's loss") {
 }
 
 TEST_CASE("nn::LayerNormMLP with a recipe is the fp8 node with a state the module owns; its parameters stay in P") {
-  const std::uint64_t seed = std::random_device{}();
+  const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const fp8::Recipe delayed = fp8::DelayedScaling{.amax_history_len = 4};
   for (const fp8::Recipe& recipe : {delayed, fp8::Recipe{fp8::CurrentScaling{}}, fp8::Recipe{fp8::BlockScaling{}}}) {
