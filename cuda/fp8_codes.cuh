@@ -102,6 +102,12 @@ __device__ __forceinline__ bool load_run_or_zeros(const S* x, std::int64_t rows,
   return whole;
 }
 
+// Code e of a run of 8 (element e in byte e). (Shifts, not a byte pointer into q: taking q's address would put it in
+// local memory, stored there on every path.)
+__device__ __forceinline__ std::uint8_t code_of(uint2 q, int e) {
+  return static_cast<std::uint8_t>((e < 4 ? q.x : q.y) >> (8 * (e % 4)));
+}
+
 // The codes q of elements [c, c + 8) of row r (element e in byte e) into codes [rows, cols], none past its edges: one
 // 8-byte store where `whole` (the run lies inside, cols a multiple of 8 and codes 8-byte aligned).
 __device__ __forceinline__ void store_run(std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t r,
@@ -109,8 +115,7 @@ __device__ __forceinline__ void store_run(std::uint8_t* codes, std::int64_t rows
   if (whole) {
     *reinterpret_cast<uint2*>(codes + r * cols + c) = q;
   } else if (r < rows) {
-    const std::uint8_t* bytes = reinterpret_cast<const std::uint8_t*>(&q);
-    for (int j = 0; j < 8 && c + j < cols; ++j) codes[r * cols + c + j] = bytes[j];
+    for (int j = 0; j < 8 && c + j < cols; ++j) codes[r * cols + c + j] = code_of(q, j);
   }
 }
 
@@ -150,15 +155,19 @@ __device__ __forceinline__ void store_tile_run(std::uint8_t (&block)[Tile][Ld], 
 // The transpose of a tile of codes, block[i][j] the code of x's element (r0 + i, c0 + j), into transposed [cols, ld]
 // up to row padded_rows: each thread of the block takes 4 columns of 8 rows (tile_columns) and writes each column's
 // run as one 8-byte store where `aligned` (ld a multiple of 8, transposed 8-byte aligned). Called by every thread of
-// the block, after the tile is complete in shared memory.
+// the block, after the tile is complete in shared memory. A warp takes 8 neighbouring 4-byte columns of 4 neighbouring
+// runs of rows: with rows an odd number of 4-byte words apart (Ld), its 32 loads of a row each hit a bank of their own.
 template <int Tile, int Ld>
 __device__ __forceinline__ void store_transposed(const std::uint8_t (&block)[Tile][Ld], std::int64_t r0,
                                                  std::int64_t c0, std::int64_t cols, std::int64_t padded_rows,
                                                  std::uint8_t* transposed, std::int64_t ld, bool aligned) {
-  constexpr int run = 8, runs_down = Tile / run;
+  constexpr int run = 8, runs_down = Tile / run, word_columns = Tile / 4;
+  static_assert(word_columns % 8 == 0 && Ld % 8 == 4, "a warp's 8 word columns, rows an odd number of words apart");
   const int threads = blockDim.x * blockDim.y, thread = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int k = thread; k < Tile / 4 * runs_down; k += threads) {
-    const int j = k / runs_down * 4, i0 = k % runs_down * run;  // columns j .. j + 4 of the tile, rows i0 ..
+  for (int k = thread; k < word_columns * runs_down; k += threads) {
+    const int lane = k % 32, warp = k / 32;
+    const int j = (lane % 8 + warp % (word_columns / 8) * 8) * 4;  // columns j .. j + 4 of the tile
+    const int i0 = (lane / 8 + warp / (word_columns / 8) * 4) * run;  // rows i0 .. i0 + 8
     const std::int64_t r = r0 + i0;
     if (c0 + j >= cols || r >= padded_rows) continue;
     uint2 q[4];
@@ -170,8 +179,7 @@ __device__ __forceinline__ void store_transposed(const std::uint8_t (&block)[Til
       if (aligned && r + run <= padded_rows) {
         *reinterpret_cast<uint2*>(at) = q[c];
       } else {
-        const std::uint8_t* bytes = reinterpret_cast<const std::uint8_t*>(&q[c]);
-        for (int i = 0; i < run && r + i < padded_rows; ++i) at[i] = bytes[i];
+        for (int i = 0; i < run && r + i < padded_rows; ++i) at[i] = code_of(q[c], i);
       }
     }
   }

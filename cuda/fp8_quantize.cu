@@ -1,15 +1,18 @@
 // FP8 quantization kernels (see fp8_quantize.hpp). A code is to_fp8 (cuda/fp8_codes.cuh) of the f32 product
-// x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread loads two
-// runs of 8 elements of a row (16- or 32-byte loads, both in flight at once) and converts them in pairs (8-byte stores
-// of codes), the tile's codes go through shared memory as 4-byte words, and runs of 8 codes down a column are written
-// as 8 bytes of the transpose. Quantized over itself (fp8_quantize_over), a row is read and written by one block, a
-// chunk of it at a time from its start.
+// x · scale, as the CPU computes it. The quantization works on tiles of 64 × 64 elements: each thread converts two
+// runs of 8 elements of a row in pairs (8-byte stores of codes), the runs of its next tiles already on their way into
+// shared memory (cp.async: the kernel, bound by latency at 64 registers a thread, keeps DRAM busy), the tile's codes
+// go through shared memory as 4-byte words, and runs of 8 codes down a column are written as 8 bytes of the transpose;
+// the column sums of x (a bias gradient) can come from the same pass. Quantized over itself (fp8_quantize_over), a row
+// is read and written by one block, a chunk of it at a time from its start.
 #include "tapegrad/cuda/fp8_quantize.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
+#include "tapegrad/cuda/async_copy.cuh"
 #include "tapegrad/cuda/fp8_codes.cuh"
 #include "tapegrad/cuda/settings.hpp"
 #include "tapegrad/tensor/core/error.hpp"
@@ -58,13 +61,47 @@ template <class S> struct Job {
   std::uint8_t* transposed;
   std::int64_t transposed_ld;
   unsigned int* amax_bits;
+  float* column_partials;
   bool x_aligned, codes_aligned, transposed_aligned;
 };
 
+constexpr int warps = quantize_threads / 32;
+
+// Tiles a thread's copies run ahead of its conversions (cp.async): a tile's runs are 8 KiB of 16-bit x, 16 KiB of
+// f32, so that a few blocks an SM keep ~64 KiB of x in flight whatever the kernel's register count. (f64, which
+// dispatch_quantized refuses, only compiles.)
+template <class S> constexpr int quantize_stages = sizeof(S) == 2 ? 3 : sizeof(S) == 4 ? 2 : 1;
+
+// The column sums of a tile's values, its first half: each thread adds its two runs (the same 8 columns of rows i and
+// i + 32), the four lanes of a warp that hold those columns add theirs, and lanes 0 .. 7 write the warp's sums.
+__device__ __forceinline__ void sum_warp_columns(const float (&v)[runs_per_thread][run],
+                                                 float (&warp_sums)[warps][tile]) {
+  static_assert(runs_per_thread == 2 && quantize_threads % (tile / run) == 0, "a thread's runs share their columns");
+  float sums[run];
+#pragma unroll
+  for (int e = 0; e < run; ++e) {
+    sums[e] = v[0][e] + v[1][e];
+    sums[e] += __shfl_xor_sync(0xffffffffu, sums[e], 8);
+    sums[e] += __shfl_xor_sync(0xffffffffu, sums[e], 16);
+  }
+  if (threadIdx.x % 32 < tile / run) {
+#pragma unroll
+    for (int e = 0; e < run; ++e) warp_sums[threadIdx.x / 32][threadIdx.x % (tile / run) * run + e] = sums[e];
+  }
+}
+
 // Tiles over [padded_rows, cols], padded_rows = transposed_ld where there is a transposed copy (its rows past `rows`
-// are zero codes), else rows. With current.amax, every block makes the scale from it and the first writes it out.
-template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S> j) {
+// are zero codes), else rows; a block takes every gridDim.x-th tile, each thread's whole runs of x copied into shared
+// memory `stages` tiles ahead (the runs past x's edges, or of x not 16-byte aligned, loaded when converted). With
+// current.amax, every block makes the scale from it and the first writes it out. SumColumns: one row of x's column
+// sums per row of tiles, the warps' sums added in order (a fixed order: the same sums every run).
+template <class S, fp8::Format F, bool SumColumns>
+__global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S> j) {
+  using Run = Pack<S, run>;
+  constexpr int stages = quantize_stages<S>, copies_per_run = sizeof(Run) / 16;
   __shared__ alignas(16) std::uint8_t block[tile][tile + 4];
+  __shared__ Run staging[stages][runs_per_thread][quantize_threads];  // each thread's own runs: no barrier for them
+  __shared__ float warp_sums[SumColumns ? warps : 1][tile];
   wait_for_prior_kernels();
   const float scale = j.current.amax ? fp8::current_scale(*j.current.amax, fp8::max_value<F>()) : *j.scale;
   if (j.current.amax && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -74,16 +111,48 @@ template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_thr
   const std::int64_t padded_rows = j.transposed ? j.transposed_ld : j.rows;
   const std::int64_t tiles_across = (j.cols + tile - 1) / tile;
   const std::int64_t tiles = tiles_across * ((padded_rows + tile - 1) / tile);
+  // Run u of the thread in tile t: its row and column in x, and whether it lies whole inside x (copied ahead).
+  const auto row_of = [&](std::int64_t t, int u) {
+    return t / tiles_across * tile + (threadIdx.x + u * quantize_threads) / (tile / run);
+  };
+  const auto column_of = [&](std::int64_t t, int u) {
+    return t % tiles_across * tile + (threadIdx.x + u * quantize_threads) % (tile / run) * run;
+  };
+  const auto whole = [&](std::int64_t r, std::int64_t c) { return j.x_aligned && r < j.x_rows && c + run <= j.x_cols; };
+  // Tile t's whole runs into `stage`, as one group of copies (an empty group past the last tile).
+  const auto fetch = [&](std::int64_t t, int stage) {
+    if (t < tiles) {
+#pragma unroll
+      for (int u = 0; u < runs_per_thread; ++u) {
+        const std::int64_t r = row_of(t, u), c = column_of(t, u);
+        if (!whole(r, c)) continue;
+        const uint4* from = reinterpret_cast<const uint4*>(j.x + r * j.x_cols + c);
+        uint4* to = reinterpret_cast<uint4*>(&staging[stage][u][threadIdx.x]);
+#pragma unroll
+        for (int h = 0; h < copies_per_run; ++h) copy_16_async(to + h, from + h);
+      }
+    }
+    commit_async_copies();
+  };
+  for (int stage = 0; stage < stages; ++stage) fetch(blockIdx.x + std::int64_t{stage} * gridDim.x, stage);
   unsigned int m = 0;
-  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+  int stage = 0;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, stage = stage + 1 == stages ? 0 : stage + 1) {
     const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
-    // The thread's runs, all loads first (in flight together), then their codes.
+    wait_async_copies<stages - 1>();  // tile t's group has landed
     float v[runs_per_thread][run];
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
-      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
-      load_run_or_zeros(j.x, j.x_rows, j.x_cols, r0 + i, c0 + c, j.x_aligned, v[u]);
+      const std::int64_t r = row_of(t, u), c = column_of(t, u);
+      if (whole(r, c)) {
+        const Run p = staging[stage][u][threadIdx.x];
+#pragma unroll
+        for (int e = 0; e < run; ++e) v[u][e] = to_compute<float>(p.v[e]);
+      } else {
+        load_run_or_zeros(j.x, j.x_rows, j.x_cols, r, c, false, v[u]);
+      }
     }
+    fetch(t + std::int64_t{stages} * gridDim.x, stage);  // the stage is read: refill it
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
       const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
@@ -95,10 +164,19 @@ template <class S, fp8::Format F> __global__ void __launch_bounds__(quantize_thr
         store_run(j.codes, j.rows, j.cols, r, c0 + c, j.codes_aligned && r < j.rows && c0 + c + run <= j.cols, q);
       }
     }
-    if (j.transposed == nullptr) continue;  // (the same for every thread of the block)
+    if constexpr (SumColumns) sum_warp_columns(v, warp_sums);
+    // (the same for every thread of the block)
+    if (!SumColumns && j.transposed == nullptr) continue;
     __syncthreads();
-    store_transposed(block, r0, c0, j.cols, padded_rows, j.transposed, j.transposed_ld, j.transposed_aligned);
-    __syncthreads();  // the tile is read before the next one overwrites it
+    if (j.transposed) {
+      store_transposed(block, r0, c0, j.cols, padded_rows, j.transposed, j.transposed_ld, j.transposed_aligned);
+    }
+    if (SumColumns && threadIdx.x < tile && r0 < j.x_rows && c0 + threadIdx.x < j.x_cols) {
+      float total = warp_sums[0][threadIdx.x];
+      for (int w = 1; w < warps; ++w) total += warp_sums[w][threadIdx.x];
+      j.column_partials[r0 / tile * j.x_cols + c0 + threadIdx.x] = total;
+    }
+    __syncthreads();  // the tile and the sums are read before the next tile's overwrite them
   }
   if (j.amax_bits) merge_amax(m, j.amax_bits);  // (the same for every thread of the block)
 }
@@ -164,8 +242,10 @@ __global__ void __launch_bounds__(quantize_threads) transpose_codes_kernel(const
       if (r < j.rows && j.aligned && col + run <= j.cols) {
         q = *reinterpret_cast<const uint2*>(j.codes + r * j.ld + col);
       } else if (r < j.rows) {
-        auto* bytes = reinterpret_cast<std::uint8_t*>(&q);
-        for (int e = 0; e < run && col + e < j.cols; ++e) bytes[e] = j.codes[r * j.ld + col + e];
+        for (int e = 0; e < run && col + e < j.cols; ++e) {
+          const std::uint32_t code = std::uint32_t{j.codes[r * j.ld + col + e]} << (8 * (e % 4));
+          (e < 4 ? q.x : q.y) |= code;
+        }
       }
       store_tile_run(block, i, c, q);
     }
@@ -232,15 +312,33 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
                      .transposed = static_cast<std::uint8_t*>(q.transposed),
                      .transposed_ld = transposed_ld,
                      .amax_bits = reinterpret_cast<unsigned int*>(q.amax),
+                     .column_partials = q.column_partials,
                      .x_aligned = q.cols % run == 0 && at(q.x, 16),
                      .codes_aligned = cols % run == 0 && at(q.codes, 8),
                      .transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8)};
     const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
-    const int blocks = launch.blocks_for(tiles * quantize_threads, quantize_threads);
+    const auto run_kernel = [&](auto kernel) {
+      // At most the blocks the SMs hold at once: each then walks many tiles, its copies running ahead all the way.
+      const std::int64_t sms = multiprocessor_count(device);
+      std::int64_t blocks = std::max<std::int64_t>(tiles, 1);
+      if (blocks > sms) {
+        int resident = 0;
+        TAPEGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, quantize_threads, 0));
+        blocks = std::min(blocks, std::max(resident, 1) * sms);
+      }
+      launch_overlapped(launch, kernel, static_cast<int>(blocks), quantize_threads, 0, job);
+    };
+    const auto run_format = [&](auto format) {
+      if (q.column_partials) {
+        run_kernel(quantize_kernel<S, decltype(format)::value, true>);
+      } else {
+        run_kernel(quantize_kernel<S, decltype(format)::value, false>);
+      }
+    };
     if (f == fp8::Format::e4m3) {
-      launch_overlapped(launch, quantize_kernel<S, fp8::Format::e4m3>, blocks, quantize_threads, 0, job);
+      run_format(std::integral_constant<fp8::Format, fp8::Format::e4m3>{});
     } else {
-      launch_overlapped(launch, quantize_kernel<S, fp8::Format::e5m2>, blocks, quantize_threads, 0, job);
+      run_format(std::integral_constant<fp8::Format, fp8::Format::e5m2>{});
     }
   });
 }

@@ -43,8 +43,14 @@ struct Fp8Quantize {
   void* transposed = nullptr;
   std::int64_t transposed_ld = 0;  // 0: codes_rows
   float* amax = nullptr;  // *amax = max(*amax, max |x|) as fp8_amax computes it; null: none
+  // x's column sums (a bias gradient) from the same pass: [fp8_column_partial_rows(rows), cols] f32, row t the sums of
+  // x's rows 64t .. 64t + 63 in a fixed order, for cuda::sum_partials to add up; null: none.
+  float* column_partials = nullptr;
 };
 void fp8_quantize(const Fp8Quantize& q, int device);
+
+// The partial rows of x's column sums that fp8_quantize writes for x of `rows` rows.
+constexpr std::int64_t fp8_column_partial_rows(std::int64_t rows) { return (rows + 63) / 64; }
 
 // x [rows, cols] row-major in f32, bf16 or f16 (cols a multiple of 8, x 16-byte aligned) quantized to `format` at the
 // scale at `scale`, or current scaling's made from an amax, as fp8_quantize does, each row's codes written over the

@@ -4,6 +4,7 @@
 // (delayed scaling's fused quantization) bitwise fp8_quantize's, and of a in 1×128 tiles fp8_block_quantize's; the
 // amaxes that the norm and the activation's forward merge as they write their outputs (current scaling's)
 // fp8_amax's of those outputs.
+// The column sums the quantization adds up beside (a bias gradient) against sums in double.
 // Products through cuBLASLt (cuda::gemm with GemmFp8): every pair of formats that Hopper multiplies, to bf16 (with
 // and without a bias) and to f32 (without: refused with one), exact and fast accumulation, against the product of
 // the same dequantized values in double; GELU in the epilogue written as codes (delayed scaling's forward), with
@@ -94,10 +95,34 @@ template <class FA, class FB, class O> void check_product(std::int64_t M, std::i
       [&](std::int64_t, std::int64_t j) { return bias ? convert<double>(bias_values.flat(j)) : 0.0; }, fast);
 }
 
+// x's column sums (a bias gradient) from the partial rows fp8_quantize wrote (column_partials), added by
+// sum_partials, against the sums in double: within 4e-6 of Σ|x| down the column (f32 additions in a fixed order, no
+// sum passing through more than ~60 roundings, each within 2^-24 of a partial sum no larger than Σ|x|).
+template <class T> void check_column_sums(const Tensor<T>& x, const Tensor<float>& partials_gpu) {
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  REQUIRE(partials_gpu.shape() == Shape{cuda::fp8_column_partial_rows(rows), cols});
+  Tensor<float> sums_gpu(Shape{cols}, gpu);
+  const cuda::PartialSums sum{partials_gpu.data(), sums_gpu.data()};
+  cuda::sum_partials(DType::f32, {&sum, 1}, partials_gpu.shape()[0], cols, 0);
+  const Tensor<float> sums = sums_gpu.to(host);
+  std::int64_t bad = 0;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    double want = 0.0, size = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const double v = convert<double>(x.flat(r * cols + c));
+      want += v;
+      size += std::abs(v);
+    }
+    bad += !(std::abs(static_cast<double>(sums.flat(c)) - want) <= 4e-6 * size);
+  }
+  CHECK(bad == 0);
+}
+
 // Quantizes x [rows, cols] on the GPU with current scaling to F, into codes `padding` rows and columns larger, and
 // checks every result against the CPU's: the amax (of fp8_amax, also from x's second element on, where its loads
 // start off a 16-byte boundary, and of the quantization's own pass), the scales (made by the quantization from
-// fp8_amax's), the codes and their transpose (its rows padded to a multiple of 16), zero codes past x.
+// fp8_amax's), the codes and their transpose (its rows padded to a multiple of 16), zero codes past x, and x's column
+// sums, which the same pass adds up.
 template <class F, class T> void check_quantization(const Tensor<T>& x, std::int64_t padding = 0) {
   INFO(dtype_name(dtype_v<T>), " to ", dtype_name(dtype_v<F>), ", shape ", x.shape(), ", padded by ", padding);
   const std::int64_t x_rows = x.shape()[0], x_cols = x.shape()[1];
@@ -111,6 +136,7 @@ template <class F, class T> void check_quantization(const Tensor<T>& x, std::int
   const Tensor<T> x_gpu = x.to(gpu);
   Tensor<float> amax_gpu = zeros<float>({3}).to(gpu), scales_gpu(Shape{2}, gpu);
   Tensor<F> codes_gpu(Shape{rows, cols}, gpu), transposed_gpu(Shape{cols, ld}, gpu);
+  Tensor<float> partials_gpu(Shape{cuda::fp8_column_partial_rows(x_rows), x_cols}, gpu);
   cuda::fp8_amax(dtype_v<T>, x_gpu.data(), x.numel(), amax_gpu.data(), 0);
   cuda::fp8_amax(dtype_v<T>, x_gpu.data() + 1, x.numel() - 1, amax_gpu.data() + 2, 0);
   const cuda::Fp8CurrentScale current{amax_gpu.data(), scales_gpu.data(), scales_gpu.data() + 1};
@@ -125,8 +151,10 @@ template <class F, class T> void check_quantization(const Tensor<T>& x, std::int
                       .codes = codes_gpu.data(),
                       .transposed = transposed_gpu.data(),
                       .transposed_ld = ld,
-                      .amax = amax_gpu.data() + 1},
+                      .amax = amax_gpu.data() + 1,
+                      .column_partials = partials_gpu.data()},
                      0);
+  check_column_sums(x, partials_gpu);
   const Tensor<float> amaxes = amax_gpu.to(host);
   CHECK(amaxes.flat(0) == amax);
   CHECK(amaxes.flat(1) == amax);
@@ -256,6 +284,35 @@ template <class F, class T> void check_quantization_over(const Tensor<T>& x) {
     }
     CHECK(bad == 0);
   }
+}
+
+TEST_CASE("fp8 quantization's column sums of a tensor of more tiles than blocks are its column sums") {
+  const std::uint64_t seed = test::fresh_seed();
+  CAPTURE(seed);
+  // 257 × 17 tiles of 64 × 64 (the last row of tiles cut short): blocks take many tiles each, their runs copied
+  // ahead; the codes are the CPU's.
+  constexpr std::int64_t rows = 16400, cols = 1032;
+  const Tensor<bf16> x = randn<bf16>({rows, cols}, seed, 0.5, 2.0);
+  const Tensor<bf16> x_gpu = x.to(gpu);
+  const Tensor<float> scale = full<float>({1}, 4.0f).to(gpu);
+  Tensor<f8e5m2> codes_gpu(Shape{rows, cols}, gpu);
+  Tensor<float> partials_gpu(Shape{cuda::fp8_column_partial_rows(rows), cols}, gpu);
+  cuda::fp8_quantize({.dtype = DType::bf16,
+                      .x = x_gpu.data(),
+                      .rows = rows,
+                      .cols = cols,
+                      .format = DType::f8e5m2,
+                      .scale = scale.data(),
+                      .codes = codes_gpu.data(),
+                      .column_partials = partials_gpu.data()},
+                     0);
+  check_column_sums(x, partials_gpu);
+  const Tensor<f8e5m2> codes = codes_gpu.to(host);
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    bad += codes.flat(i).bits != fp8::from_double<fp8::Format::e5m2>(4.0 * convert<double>(x.flat(i)));
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, rows a row's bytes apart") {

@@ -36,10 +36,21 @@ DeviceDenseGrads<T, P> device_dense_backward(const DeviceDense<T>& s, const Tens
   const Device device = dy.device();
   const std::int64_t M = s.M, K = s.padded_K, N = s.padded_N;
   DeviceDenseGrads<T, P> g;
-  if (need_bias) g.db = column_sums<P>(dy, s.N, Shape{s.N});
-  if (!need_x && !need_kernel) return g;
-  const DeviceOperand<T> dyq = s.quantizer.input(fp8::Role::grad_output, {resized(dy, Shape{M, N})},
-                                                 {.columns = need_x, .rows = need_kernel}, Pass::first);
+  if (!need_x && !need_kernel) {
+    if (need_bias) g.db = column_sums<P>(dy, s.N, Shape{s.N});
+    return g;
+  }
+  // The bias gradient from dy's quantization where the recipe can (a read of dy spared), else a pass of its own.
+  const Tensor<T> dy_padded = resized(dy, Shape{M, N});
+  const Layouts layouts{.columns = need_x, .rows = need_kernel};
+  std::optional<DeviceOperand<T>> summed;
+  if (need_bias) {
+    summed = s.quantizer.input_summing_columns(fp8::Role::grad_output, dy_padded, layouts, Pass::first, Shape{s.N},
+                                               g.db);
+    if (!summed) g.db = column_sums<P>(dy, s.N, Shape{s.N});
+  }
+  const DeviceOperand<T> dyq =
+      summed ? std::move(*summed) : s.quantizer.input(fp8::Role::grad_output, {dy_padded}, layouts, Pass::first);
   Resizes<T> crops;  // dx and dkernel cropped in one launch
   if (need_x) {
     Tensor<T> dx(Shape{M, K}, device);

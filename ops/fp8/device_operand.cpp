@@ -28,23 +28,11 @@ std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multi
 class PerTensorScaling : public DeviceRecipe {
  public:
   Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const override {
-    const Fp8Codes out = codes_for(role, x.padded_rows, x.padded_cols, layouts);
-    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, x.dtype, x.x, x.rows * x.cols, pass);
-    cuda::fp8_quantize({.dtype = x.dtype,
-                        .x = x.x,
-                        .rows = x.rows,
-                        .cols = x.cols,
-                        .codes_rows = x.padded_rows,
-                        .codes_cols = x.padded_cols,
-                        .format = out.format,
-                        .scale = slot(role, scale_field),
-                        .current = current ? &*current : nullptr,
-                        .codes = layouts.columns ? out.codes->data() : nullptr,
-                        .transposed = layouts.rows ? out.transposed->data() : nullptr,
-                        .transposed_ld = out.transposed_ld,
-                        .amax = records(pass) ? amax_slot(role) : nullptr},
-                       device_.index);
-    return out;
+    return quantize_with(role, x, layouts, pass, nullptr);
+  }
+  std::optional<Fp8Codes> quantize_summing_columns(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass,
+                                                   float* column_partials) const override {
+    return quantize_with(role, x, layouts, pass, column_partials);
   }
   std::optional<Fp8Codes> quantize_over(fp8::Role role, std::shared_ptr<Storage> values, const QuantizeSource& x,
                                         Pass pass) const override {
@@ -74,6 +62,29 @@ class PerTensorScaling : public DeviceRecipe {
   PerTensorScaling(std::string_view op, const Fp8Quantization& q, Device device, std::optional<fp8::AmaxGroup> group,
                    Tensor<float> scalars)
       : DeviceRecipe(op, q, device, std::move(group)), scalars_(std::move(scalars)) {}
+
+  // quantize() with x's column sums' partial rows written to column_partials (null: none).
+  Fp8Codes quantize_with(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass,
+                         float* column_partials) const {
+    const Fp8Codes out = codes_for(role, x.padded_rows, x.padded_cols, layouts);
+    const std::optional<cuda::Fp8CurrentScale> current = current_scale(role, x.dtype, x.x, x.rows * x.cols, pass);
+    cuda::fp8_quantize({.dtype = x.dtype,
+                        .x = x.x,
+                        .rows = x.rows,
+                        .cols = x.cols,
+                        .codes_rows = x.padded_rows,
+                        .codes_cols = x.padded_cols,
+                        .format = out.format,
+                        .scale = slot(role, scale_field),
+                        .current = current ? &*current : nullptr,
+                        .codes = layouts.columns ? out.codes->data() : nullptr,
+                        .transposed = layouts.rows ? out.transposed->data() : nullptr,
+                        .transposed_ld = out.transposed_ld,
+                        .amax = records(pass) ? amax_slot(role) : nullptr,
+                        .column_partials = column_partials},
+                       device_.index);
+    return out;
+  }
 
   float* slot(fp8::Role role, int field) const {
     return const_cast<float*>(scalars_.data()) + static_cast<std::int64_t>(role) * fields + field;
@@ -277,6 +288,11 @@ std::optional<Fp8Target> DeviceRecipe::target(fp8::Role, std::int64_t, std::int6
 }
 
 float* DeviceRecipe::amax_target(fp8::Role, Pass) const { return nullptr; }
+
+std::optional<Fp8Codes> DeviceRecipe::quantize_summing_columns(fp8::Role, const QuantizeSource&, Layouts, Pass,
+                                                               float*) const {
+  return std::nullopt;
+}
 
 std::optional<Fp8Codes> DeviceRecipe::quantize_over(fp8::Role, std::shared_ptr<Storage>, const QuantizeSource&,
                                                     Pass) const {

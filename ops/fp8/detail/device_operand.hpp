@@ -25,6 +25,8 @@
 #include <type_traits>
 
 #include "tapegrad/cuda/blaslt.hpp"
+#include "tapegrad/cuda/fp8_quantize.hpp"
+#include "tapegrad/cuda/partial_sums.hpp"
 #include "tapegrad/ops/detail/device_tensors.hpp"
 #include "tapegrad/ops/fp8/detail/operand.hpp"
 #include "tapegrad/ops/fp8/gpu_dispatch.hpp"
@@ -109,6 +111,11 @@ class DeviceRecipe {
   // quantization of a tensor makes the role's scale from its amax (current scaling) or records its amax (delayed); a
   // later one (the backward's, a recompute's) uses the step's scale.
   virtual Fp8Codes quantize(fp8::Role role, const QuantizeSource& x, Layouts layouts, Pass pass) const = 0;
+  // x quantized as quantize() does, by a pass that also writes x's column sums, one partial row per 64 of its rows
+  // ([cuda::fp8_column_partial_rows(x.rows), x.cols] f32, cuda::Fp8Quantize's column_partials); none where the
+  // recipe cannot (block scaling's quantization works on other tiles).
+  virtual std::optional<Fp8Codes> quantize_summing_columns(fp8::Role role, const QuantizeSource& x, Layouts layouts,
+                                                           Pass pass, float* column_partials) const;
   // x's codes along its columns written over x itself (`values`, x's storage, which they then keep: x is given up),
   // row by row, so that they take no memory beside x's; their transpose is made from them later (transpose_later),
   // once a product has read them and memory is freer. None where the recipe cannot (block scaling's tiles, which
@@ -241,6 +248,26 @@ template <class T> class DeviceQuantizer {
     if (!recipe_ || x.quantized()) return x;
     const std::int64_t rows = x.values.dim(0), cols = x.values.numel() / std::max<std::int64_t>(rows, 1);
     return recipe_->quantize(role, {dtype_v<T>, x.values.data(), rows, cols, rows, cols}, layouts, pass);
+  }
+
+  // Input `role` (values [rows, cols]) as input() quantizes it, and its column sums (a bias gradient: Σ over the rows
+  // in f32, rounded once to P, the first sums_shape.numel() columns) from the same pass, where the recipe can
+  // (DeviceRecipe::quantize_summing_columns); elsewhere `sums` is left undefined and x is not quantized.
+  template <class P>
+  std::optional<DeviceOperand<T>> input_summing_columns(fp8::Role role, const Tensor<T>& x, Layouts layouts, Pass pass,
+                                                        const Shape& sums_shape, Tensor<P>& sums) const {
+    if (!recipe_) return std::nullopt;
+    const std::int64_t rows = x.dim(0), cols = x.numel() / std::max<std::int64_t>(rows, 1);
+    Tensor<float> partials(Shape{cuda::fp8_column_partial_rows(rows), cols}, x.device());
+    std::optional<Fp8Codes> codes = recipe_->quantize_summing_columns(
+        role, {dtype_v<T>, x.data(), rows, cols, rows, cols}, layouts, pass, partials.data());
+    if (!codes) return std::nullopt;
+    ParamGrad<P, T> out(sums_shape, Shape{cols}, x.device());
+    const cuda::PartialSums sum{partials.data(), out.data()};
+    cuda::sum_partials(ParamGrad<P, T>::wide ? dtype_v<compute_t<T>> : dtype_v<T>, {&sum, 1}, partials.dim(0), cols,
+                       x.device().index);
+    sums = out.result();
+    return DeviceOperand<T>(std::move(*codes));
   }
 
   // Input `role` (values [rows, cols], which no other tensor shares) in both layouts, its codes along the columns
