@@ -15,19 +15,21 @@
 #                           then for jax (separate processes), ITERS steps (default 50)    -> attention$RUN.jsonl
 #     layer                 tapegrad_bench gpu_transformer_layer, then
 #                           peer_transformer_layer.py, as attention                        -> layer$RUN.jsonl
-#     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu.csv
+#     ncustep               ncu per kernel of one step: gpt_1k, gpt_1k_odd, gpt_4k         -> ncu$RUN.csv
 #                           (NCU_CACHE=none: L2 kept as the step leaves it, not flushed before each kernel;
 #                           NCU_TUNE=heuristic: cuBLASLt's heuristic GEMMs instead of autotuned ones;
 #                           NCU_PRECISION=delayed|current|block: the products in fp8)
 #     ncukernel:<regex>     ncu's full sections for the kernels whose names match, in one (4096, 1024, 4096)
 #                           step (NCU_PRECISION as above): why a kernel is slow        -> ncu_kernel.txt
 #     nculayer              ncu per kernel of one TransformerLayer step (layer_4k, layer_1k;
-#                           NCU_PRECISION as above, default bf16)                           -> ncu_layer.csv
+#                           NCU_PRECISION as above, default bf16)                           -> ncu_layer$RUN.csv
 #     gemms                 gemm_candidates at gpt_1k, gpt_1k_odd and gpt_4k               -> gemms.txt
 #     memcheck:<test_exe>, racecheck:<test_exe>   compute-sanitizer on one test executable -> <tool>.<exe>.txt
 # ONLY=<regex> builds only the ninja targets that match (a restricted build takes a fraction of the full one).
 # B=<dir> PREBUILT=1 runs executables built elsewhere (copied there, e.g. carried) instead of building.
 # MESON_ARGS=<options> adds options to the first configure (e.g. -Dnccl_root=<where nccl.h and libnccl are>).
+# LIB=<dir> runs the executables with the libtapegrad.so.0.1 in <dir> (another commit's, carried) instead of their
+# own: two libraries compared in one call, steps run once with LIB and once without, RUN=<suffix> keeping them apart.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-build-gpu}
@@ -35,6 +37,7 @@ OUT=${OUT:-$B/round}
 PEER=${PEER:-bench/peer_bench.py}
 FLOOR=${FLOOR:-bench/fp8_gemm_floor.py}
 mkdir -p "$OUT"
+[ -n "${LIB:-}" ] && export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log=$OUT/log.txt
 say() { echo "== $(date +%T) $*" | tee -a "$log"; }
 
@@ -89,20 +92,20 @@ for step in "$@"; do
       cat "$fp8peers" >>"$log" ;;
     ncustep)
       for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
-        echo "### $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu.csv"
+        echo "### $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu${RUN:-}.csv"
         ncu --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
           --metrics gpu__time_duration.sum --csv \
-          $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} >>"$OUT/ncu.csv" 2>&1
+          $B/bench/layernorm_mlp_step $shape gelu ${NCU_TUNE:-autotune} ${NCU_PRECISION:-bf16} >>"$OUT/ncu${RUN:-}.csv" 2>&1
       done ;;
     ncukernel:*)
       ncu --profile-from-start off --clock-control none --set full -k "regex:${step#ncukernel:}" \
         $B/bench/layernorm_mlp_step 4096 1024 4096 gelu autotune ${NCU_PRECISION:-bf16} >>"$OUT/ncu_kernel.txt" 2>&1 ;;
     nculayer)
       for shape in "4 2048 4096 32 16384" "4 2048 1024 16 4096"; do
-        echo "### $shape ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu_layer.csv"
+        echo "### $shape ${NCU_PRECISION:-bf16} cache ${NCU_CACHE:-all}" >>"$OUT/ncu_layer${RUN:-}.csv"
         ncu --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
           --metrics gpu__time_duration.sum --csv \
-          $B/bench/transformer_layer_step $shape ${NCU_PRECISION:-bf16} >>"$OUT/ncu_layer.csv" 2>&1
+          $B/bench/transformer_layer_step $shape ${NCU_PRECISION:-bf16} >>"$OUT/ncu_layer${RUN:-}.csv" 2>&1
       done ;;
     gemms)
       for shape in "4096 1024 4096" "4096 1021 4093" "8192 4096 16384"; do
