@@ -1,11 +1,13 @@
-// GPU bandwidth of the elementwise program kernel, the layernorm kernels and layernorm_mlp's activation kernel (and,
-// beside them, the card's own device-to-device copy, the reference): GB/s = bytes the kernel must read and write /
-// median time. Sizes from 1 MiB to 1 GiB per tensor.
+// GPU bandwidth of the elementwise program kernel, the layernorm kernels, layernorm_mlp's activation kernel and fp8
+// quantization (and, beside them, the card's own device-to-device copy, the reference): GB/s = bytes the kernel must
+// read and write / median time. Sizes from 1 MiB to 1 GiB per tensor.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tapegrad/cuda/elementwise.hpp"
+#include "tapegrad/cuda/fp8_quantize.hpp"
 #include "tapegrad/cuda/mlp_activation.hpp"
 #include "gpu_timing.hpp"
 #include "tapegrad/tapegrad.hpp"
@@ -142,6 +144,41 @@ template <class T> void mlp_activation_group(const char* dtype) {
   }
 }
 
+// fp8 quantization of bf16 x [rows, cols] (a scale known ahead, as delayed scaling's) at the shapes a TransformerLayer
+// quantizes (hidden 4096: x, dy and o; dQKV; the MLP's dz; W1): reads x, writes its codes and their transpose (4
+// bytes an element); the same with x's column sums (a bias gradient's partial rows, not counted), and the codes alone
+// (3 bytes).
+void fp8_quantize_group() {
+  using namespace tapegrad;
+  const Tensor<float> scale = full<float>({1}, 8.0f).to(gpu);
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{8192, 4096}, {8192, 12288}, {8192, 16384},
+                                   {4096, 16384}}) {
+    const std::int64_t numel = rows * cols;
+    const Tensor<bf16> x = randn<bf16>({rows, cols}, 1, 0, 1, gpu);
+    Tensor<f8e4m3> codes({rows, cols}, gpu), transposed({cols, rows}, gpu);
+    Tensor<float> partials({cuda::fp8_column_partial_rows(rows), cols}, gpu);
+    const auto quantize = [&](bool with_transpose, bool with_sums) {
+      cuda::fp8_quantize({.dtype = DType::bf16,
+                          .x = x.data(),
+                          .rows = rows,
+                          .cols = cols,
+                          .scale = scale.data(),
+                          .codes = codes.data(),
+                          .transposed = with_transpose ? transposed.data() : nullptr,
+                          .column_partials = with_sums ? partials.data() : nullptr},
+                         gpu.index);
+    };
+    const std::string shape = " [" + std::to_string(rows) + " x " + std::to_string(cols) + "]";
+    const double elements = static_cast<double>(numel);
+    report(("fp8_quantize codes and transpose" + shape).c_str(), "bf16", numel, 4 * elements,
+           measure_gpu([&] { quantize(true, false); }));
+    report(("fp8_quantize codes, transpose and column sums" + shape).c_str(), "bf16", numel, 4 * elements,
+           measure_gpu([&] { quantize(true, true); }));
+    report(("fp8_quantize codes" + shape).c_str(), "bf16", numel, 3 * elements,
+           measure_gpu([&] { quantize(false, false); }));
+  }
+}
+
 }  // namespace
 
 void gpu_bandwidth() {
@@ -154,6 +191,7 @@ void gpu_bandwidth() {
   layernorm_group<tapegrad::bf16>("bf16");
   mlp_activation_group<float>("f32");
   mlp_activation_group<tapegrad::bf16>("bf16");
+  fp8_quantize_group();
 }
 
 }  // namespace bench
