@@ -325,17 +325,9 @@ void launch_staged(const Launch& launch, const ElementProgram& program, const El
   const int per_stage = std::max(staging.count, 1) * threads * Shape::bytes;
   staging.stages = std::clamp(max_shared / per_stage, 1, max_stages);
   const std::size_t shared = std::size_t{static_cast<unsigned>(staging.stages * staging.count)} * threads * Shape::bytes;
-  // At most the blocks the SMs hold at once: each thread then walks many groups, its pipeline full all the way,
-  // and no partial last wave of blocks leaves SMs idle. A grid of one block per SM or less fits anyway: small
-  // runs (the interpreter's usual work) skip the occupancy query.
+  // At most the blocks the SMs hold at once (small runs, the interpreter's usual work, skip the occupancy query).
   const auto kernel = staged_kernel<S, Flat, Shape>;
-  const std::int64_t sms = multiprocessor_count(launch.device());
-  std::int64_t blocks = launch.blocks_for(chunks, threads);
-  if (blocks > sms) {
-    int resident = 0;
-    TAPEGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
-    blocks = std::min(blocks, std::max<std::int64_t>(resident, 1) * sms);
-  }
+  const std::int64_t blocks = launch.resident_blocks(kernel, launch.blocks_for(chunks, threads), threads, shared);
   kernel<<<static_cast<int>(blocks), threads, shared, launch.stream()>>>(program, layout, buffers, staging, chunks);
   TAPEGRAD_CUDA_CHECK_LAUNCH();
 }

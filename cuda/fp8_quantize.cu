@@ -318,14 +318,7 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
                      .transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8)};
     const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
     const auto run_kernel = [&](auto kernel) {
-      // At most the blocks the SMs hold at once: each then walks many tiles, its copies running ahead all the way.
-      const std::int64_t sms = multiprocessor_count(device);
-      std::int64_t blocks = std::max<std::int64_t>(tiles, 1);
-      if (blocks > sms) {
-        int resident = 0;
-        TAPEGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, quantize_threads, 0));
-        blocks = std::min(blocks, std::max(resident, 1) * sms);
-      }
+      const std::int64_t blocks = launch.resident_blocks(kernel, tiles, quantize_threads, 0);
       launch_overlapped(launch, kernel, static_cast<int>(blocks), quantize_threads, 0, job);
     };
     const auto run_format = [&](auto format) {

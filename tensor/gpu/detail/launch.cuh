@@ -107,6 +107,17 @@ class Launch {
     const std::int64_t cap = std::int64_t{multiprocessor_count(device_)} * (2048 / threads) * 4;
     return static_cast<int>(std::clamp<std::int64_t>(needed, 1, cap));
   }
+  // `blocks` capped at what the SMs hold of `kernel` at once (at least one): a grid-stride kernel that keeps loads in
+  // flight ahead (cp.async) then walks many items per block, its pipeline full all the way, and no partial last wave
+  // leaves SMs idle. A grid of one block per SM or less is returned as it is, without the occupancy query.
+  template <class Kernel>
+  std::int64_t resident_blocks(Kernel kernel, std::int64_t blocks, int threads, std::size_t shared) const {
+    const std::int64_t sms = multiprocessor_count(device_);
+    if (blocks <= sms) return std::max<std::int64_t>(blocks, 1);
+    int resident = 0;
+    TAPEGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
+    return std::min(blocks, std::max<std::int64_t>(resident, 1) * sms);
+  }
 
  private:
   OnDevice on_;
