@@ -25,6 +25,7 @@ Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, cons
       s.quantizer.input(fp8::Role::input, {xp}, {.columns = true, .rows = true}, Pass::first);
   Tensor<T> y(Shape{M, N}, device);
   s.quantizer.product(xq, s.kernel, Transpose::no, M, N, K, y.data(), bias ? b.data() : nullptr, 0.0, true);
+  s.kernel.give_up_transpose();
   s.x = xq.weight_gradient_layout();
   s.quantizer.end_pass();
   return resized(y, Shape{M, s.N});

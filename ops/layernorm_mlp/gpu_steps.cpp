@@ -6,6 +6,7 @@
 // C = compute_t<T> and rounded once to its dtype P (ParamGrad).
 #include "tapegrad/ops/layernorm_mlp/detail/gpu_steps.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -130,7 +131,7 @@ template <class T, class P> class GpuSteps {
     } else {
       s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
     }
-    if (s_.options.recompute != Recompute::recompute_all) s_.w1.codes.transposed.reset();  // (read here alone)
+    if (s_.options.recompute != Recompute::recompute_all) s_.w1.give_up_transpose();  // (read here alone)
     return out;
   }
 
@@ -168,7 +169,7 @@ template <class T, class P> class GpuSteps {
     Tensor<T> y(Shape{M, H}, device_);
     const void* b2 = sharding_.adds_replicated_terms() ? data_or_null(s_.b2) : nullptr;
     s_.quantizer.product(a, s_.w2, Transpose::no, M, H, F, y.data(), b2, 0.0, true);
-    s_.w2.codes.transposed.reset();
+    s_.w2.give_up_transpose();
     return y;
   }
 
@@ -211,12 +212,14 @@ template <class T, class P> class GpuSteps {
     const auto [M, H, F, n] = s_.padded;
     trace("activation backward");
     // dz's codes in both layouts beside z outgrow bf16's step where dz is large: a gated activation's dz (twice a's
-    // size) and every dz of a step that takes da in parts (codes_parts). There dz is written over z and quantized over
-    // itself after dW2's product, as current scaling's is (see input()): measured on an H100 at (8192, 4096, 16384),
-    // delayed scaling's peak 737 MiB against 993 with the codes (bf16: 768), its step 3 % longer; at (4096, 1024,
-    // 4096) the codes' step is 7 % shorter.
-    const bool whole = codes_parts(M, F, H).size() == 1;
-    const bool dz_over_z = n == 2 || !whole;
+    // size), every dz of a step that takes da in parts (codes_parts) and every z at least W1's size. There dz is
+    // written over z and quantized after dW2's product, as current scaling's is (see input()): measured on an H100,
+    // delayed scaling's peak at (8192, 4096, 16384) 737 MiB against 993 with the codes (bf16: 768), its step 3 %
+    // longer; at (4096, 1024, 4096) (da in three parts) 84 MiB against 128.5 with da whole and the codes (bf16: 88), its
+    // step 11 % longer.
+    const auto parts = codes_parts(M, F, H);
+    const bool whole = parts.size() == 1;
+    const bool dz_over_z = n == 2 || !whole || M >= H;
     // A whole da is made first: dy's read layout and W2's codes go before the kernel's codes are allocated (measured on
     // an H100 at (4096, 1024, 4096): current scaling's peak 96.5 MiB against 104.5, delayed 128.5 against 136.5)
     Tensor<T> da = whole ? da_rows(dy, 0, M, true) : Tensor<T>{};
@@ -252,7 +255,7 @@ template <class T, class P> class GpuSteps {
         args.transposed_ld = a_target->codes.transposed_ld;
         out.a = a_target->codes;
       }
-      backward_codes_in_parts(z, dy, std::move(da), args, db1 ? db1->data() : nullptr);
+      backward_codes_in_parts(parts, z, dy, std::move(da), args, db1 ? db1->data() : nullptr);
     } else {
       if (!da.defined()) da = da_rows(dy, 0, M, true);
       Tensor<C> partials(Shape{db1 ? cuda::mlp_activation_partials(M, F, static_cast<int>(n)) : 0}, device_);
@@ -364,15 +367,15 @@ template <class T, class P> class GpuSteps {
     return da;
   }
 
-  // The fused backward with args' outputs (and db1 into dbias, unless null), over codes_parts's rows: each part's da
-  // made just before its kernel (the whole da given where there is one part), which starts at the part's row of z, dz
-  // and dz's codes and at its column of the transposes; the parts' partial rows of db1 side by side, summed after the
-  // last. dy then keeps the layout dW2 reads, and W2's codes go.
-  void backward_codes_in_parts(const Tensor<T>& z, Operand& dy, Tensor<T> whole_da,
-                               const cuda::ActivationBackwardCodes& args, void* dbias) const {
+  // The fused backward with args' outputs (and db1 into dbias, unless null), over the parts' rows (codes_parts): each
+  // part's da made just before its kernel (the whole da given where there is one part), which starts at the part's
+  // row of z, dz and dz's codes and at its column of the transposes; the parts' partial rows of db1 side by side,
+  // summed after the last. dy then keeps the layout dW2 reads, and W2's codes go.
+  void backward_codes_in_parts(const std::vector<std::pair<std::int64_t, std::int64_t>>& parts, const Tensor<T>& z,
+                               Operand& dy, Tensor<T> whole_da, const cuda::ActivationBackwardCodes& args,
+                               void* dbias) const {
     const auto [M, H, F, n] = s_.padded;
     const int width = static_cast<int>(n);
-    const auto parts = codes_parts(M, F, H);
     std::int64_t partials_size = 0;
     for (const auto& [first, rows] : parts) partials_size += cuda::mlp_activation_codes_partials(rows, F, width);
     Tensor<C> partials(Shape{dbias ? partials_size : 0}, device_);
@@ -398,18 +401,23 @@ template <class T, class P> class GpuSteps {
     }
   }
 
-  // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ: two halves (the
-  // first of whole 64-row tiles of the kernel, so that the second starts on a 16-byte column of the transposes) where
-  // each half's product has at least 2^36 multiply-adds, else one. The kernel then holds half of da beside z and a's
-  // transposed codes: 4 bytes an element of z (dz is written over z there), as bf16's z and da. Two smaller products
-  // cost more than one: measured on an H100 by ncu, about 6 % more at (8192, 4096, 16384) (1 % of the step) but 18 %
-  // at (4096, 1024, 4096), where their fixed costs weigh more.
+  // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ, each part's rows
+  // whole tiles of 64 of the kernel but the last's (so that each starts on a 16-byte column of the transposes). A part
+  // of da is held beside z, a's transposed codes and what every part's product reads (dy's codes along its columns and
+  // W2's codes): 4 bytes an element of z (dz written over z) and those codes in halves, under bf16's z and da (4 bytes)
+  // with a third. So: two parts where each half's product has at least 2^36 multiply-adds (the large blocks, whose
+  // halves are under bf16's peak), three where z is at least twice W1's size (M ≥ 2H: the activations, not the
+  // weights, make the step's peak), else one. Smaller products cost more: measured on an H100 by ncu, two halves about
+  // 6 % more than one product at (8192, 4096, 16384) (1 % of the step) but 18 % at (4096, 1024, 4096).
   static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M, std::int64_t F,
                                                                         std::int64_t H) {
     constexpr std::int64_t tile = 64;
     const std::int64_t half = (M / 2 + tile - 1) / tile * tile;
-    if (M < 2 * tile || half * F * H < (std::int64_t{1} << 36)) return {{0, M}};
-    return {{0, half}, {half, M - half}};
+    const std::int64_t count = M < 2 * tile ? 1 : half * F * H >= (std::int64_t{1} << 36) ? 2 : M >= 2 * H ? 3 : 1;
+    const std::int64_t rows = (M / count + tile - 1) / tile * tile;
+    std::vector<std::pair<std::int64_t, std::int64_t>> parts;
+    for (std::int64_t first = 0; first < M; first += rows) parts.emplace_back(first, std::min(rows, M - first));
+    return parts;
   }
 
   // A saved weight's codes, given up by the backward after their last product. Only recompute_all's backward can run

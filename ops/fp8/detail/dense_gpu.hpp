@@ -3,7 +3,7 @@
 //
 // K and N are padded as the recipe's products need (DeviceQuantizer::padded): x, the kernel and the bias padded with
 // zeros, y, dx and the kernel's gradient cropped. The backward keeps x's transposed codes (what dkernel reads, one
-// byte an element) and the kernel's codes.
+// byte an element) and the kernel's codes, not their transpose (the forward's product read it).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace tapegrad::detail {
 template <class T> struct DeviceDense {
   std::int64_t M = 0, K = 0, N = 0, padded_K = 0, padded_N = 0;
   DeviceQuantizer<T> quantizer;
-  DeviceOperand<T> x, kernel;  // x [K, M] as dkernel reads it; the kernel [K, N] in both layouts
+  DeviceOperand<T> x, kernel;  // x [K, M] as dkernel reads it; the kernel [K, N] as dx reads it
 };
 
 // y [M, N] = q(x) · q(kernel) + bias; x [M, K] on a GPU in f32, bf16 or f16, the bias null where absent.

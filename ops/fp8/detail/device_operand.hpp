@@ -78,6 +78,12 @@ template <class T> struct DeviceOperand {
     out.codes.scales.reset();
     return out;
   }
+  // A weight after its forward product, which read its transpose: what the backward's input gradient reads (the
+  // codes) is kept, the transpose (and block scaling's scales of it) goes.
+  void give_up_transpose() {
+    codes.transposed.reset();
+    codes.transposed_scales.reset();
+  }
 
   Tensor<T> values;  // unquantized
   Fp8Codes codes;    // quantized: `codes` read along the columns, `transposed` along the rows
