@@ -4,7 +4,7 @@
 // parameters under bf16 compute, sizes that need padding (H 24 and 13, ffn 40 and 37, 21 rows) and a block of several
 // tiles; delayed scaling's state after several steps, its state on the device against the host's call by call (no
 // GEMM), a captured first step refused; bitwise the same on a second run and under every policy; what the GPU
-// refuses. A block large enough for the backward's halves of rows, against the bf16 node on the GPU.
+// refuses. A block large enough for the backward's parts of rows, against the bf16 node on the GPU.
 //
 // Both sides quantize with the same scales and round where the other does; they differ in the sums: the FP8 tensor
 // cores add their products with fewer bits than f32 between promotions (measured: the amaxes of a and dz, maxima of
@@ -127,17 +127,21 @@ TEST_CASE("the fp8 node on the GPU with f32 parameters under bf16 compute, and o
       check_case<bf16, float>(c, Shape{21, 40}, 56, r, seed, worst);
       check_case<bf16, bf16>(c, Shape{300, 256}, 512, r, seed + 1, worst);
       check_case<float, float>(c, Shape{300, 256}, 512, r, seed + 2, fast, true);
+      // 600 rows through hidden 64: the backward takes da in parts of rows (delayed scaling: dz's codes packed into
+      // z's rows that earlier parts have read), in 16-bit and in f32 values
+      check_case<bf16, bf16>(c, Shape{600, 64}, 256, r, seed + 3, worst);
+      check_case<float, float>(c, Shape{600, 64}, 256, r, seed + 4, worst);
     }
     MESSAGE(r.name, ": largest relative errors: y ", worst.y, ", gradients ", worst.grad,
             "; f32 with fast accumulation: y ", fast.y, ", gradients ", fast.grad);
   }
 }
 
-// (8192, 2048, 8192): each half of da's product takes 2^36 multiply-adds, where the GPU backward takes da in two halves
+// (8192, 2048, 8192): each half of da's product would take 2^36 multiply-adds, where the GPU backward takes da in parts
 // of rows (ops/layernorm_mlp/gpu_steps.cpp's codes_parts). Too large for the CPU's node: against the bf16 node on the
 // GPU, which fp8 follows within its own rounding (steps of 1/16 in e4m3 and 1/4 in e5m2: a normwise error of several
-// %), where a half's rows misplaced, left out or summed twice into db1 is off by order 1.
-TEST_CASE("the fp8 node on a block whose backward takes da in two halves of rows follows its bf16 node") {
+// %), where a part's rows misplaced, left out or summed twice into db1 is off by order 1.
+TEST_CASE("the fp8 node on a block whose backward takes da in parts of rows follows its bf16 node") {
   const std::uint64_t seed = test::fresh_seed();
   CAPTURE(seed);
   const std::int64_t M = 8192, H = 2048, F = 8192;

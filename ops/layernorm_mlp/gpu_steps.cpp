@@ -26,6 +26,7 @@
 #include "tapegrad/tensor/factories.hpp"
 #include "tapegrad/tensor/gpu/detail/side_stream.hpp"
 #include "tapegrad/tensor/gpu/memory.hpp"
+#include "tapegrad/tensor/storage.hpp"
 
 namespace tapegrad::detail::mlp {
 
@@ -215,8 +216,8 @@ template <class T, class P> class GpuSteps {
     // size), every dz of a step that takes da in parts (codes_parts) and every z at least W1's size. There dz is
     // written over z and quantized after dW2's product, as current scaling's is (see input()): measured on an H100,
     // delayed scaling's peak at (8192, 4096, 16384) 737 MiB against 993 with the codes (bf16: 768), its step 3 %
-    // longer; at (4096, 1024, 4096) (da in three parts) 84 MiB against 128.5 with da whole and the codes (bf16: 88), its
-    // step 11 % longer.
+    // longer; at (4096, 1024, 4096) (da in four parts, dz's codes packed into z) 85 MiB against 128.5 with da whole and
+    // the codes beside z (bf16: 88), its step 8-10 % longer.
     const auto parts = codes_parts(M, F, H);
     const bool whole = parts.size() == 1;
     const bool dz_over_z = n == 2 || !whole || M >= H;
@@ -225,11 +226,20 @@ template <class T, class P> class GpuSteps {
     Tensor<T> da = whole ? da_rows(dy, 0, M, true) : Tensor<T>{};
     const auto dz_target =
         dz_over_z ? std::nullopt : s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, dz_layouts, Pass::first);
+    // Over z, where dz's scale is one known before the kernel (delayed scaling's) and da is taken in parts, the kernel
+    // writes dz's codes along its columns there itself, packed (one byte an element) into z's rows that earlier parts
+    // have read: their transpose is made from them after dh's product, and no pass quantizes dz.
+    std::optional<Fp8Target> dz_in_z;
+    if (dz_over_z && !whole) {
+      dz_in_z = s_.quantizer.target(fp8::Role::grad_hidden, M, n * F, {}, Pass::first);
+      if (dz_in_z && dz_in_z->codes.scaling != cuda::Fp8Scaling::tensor) dz_in_z.reset();
+    }
     std::optional<Fp8Target> a_target;
     if (a_layouts.rows || dz_target) a_target = s_.quantizer.target(fp8::Role::activation, M, F, a_layouts, Pass::later);
     // (current scaling: whether or not a's codes are asked for, so that db1's sums are the same either way)
-    float* const dz_amax = dz_target ? nullptr : s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
-    const bool codes = dz_target || a_target || dz_amax;
+    float* const dz_amax =
+        dz_target || dz_in_z ? nullptr : s_.quantizer.amax_target(fp8::Role::grad_hidden, Pass::first);
+    const bool codes = dz_target || dz_in_z || a_target || dz_amax;
     std::optional<ParamGrad<P, T>> db1;
     if (need_db1) db1.emplace(Shape{n, s_.dims.ffn}, Shape{n, F}, device_);
     ActivationBackward out;
@@ -244,6 +254,15 @@ template <class T, class P> class GpuSteps {
         args.dz_amax = dz_target->amax;
         args.transposed_ld = dz_codes.transposed_ld;
         out.dz = dz_codes;
+      } else if (dz_in_z) {
+        args.dz_format = dz_in_z->codes.format;
+        args.dz_scale = dz_in_z->scale;
+        args.dz_codes = z.data();
+        args.dz_amax = dz_in_z->amax;
+        Fp8Codes dz_codes = dz_in_z->codes;
+        dz_codes.codes = z.storage();
+        dz_codes.transpose_later = true;
+        out.dz = dz_codes;
       } else {
         args.dz = z.data();
         args.dz_amax = dz_amax;
@@ -255,7 +274,7 @@ template <class T, class P> class GpuSteps {
         args.transposed_ld = a_target->codes.transposed_ld;
         out.a = a_target->codes;
       }
-      backward_codes_in_parts(parts, z, dy, std::move(da), args, db1 ? db1->data() : nullptr);
+      backward_codes_in_parts(parts, z, dy, std::move(da), args, dz_in_z.has_value(), db1 ? db1->data() : nullptr);
     } else {
       if (!da.defined()) da = da_rows(dy, 0, M, true);
       Tensor<C> partials(Shape{db1 ? cuda::mlp_activation_partials(M, F, static_cast<int>(n)) : 0}, device_);
@@ -370,10 +389,13 @@ template <class T, class P> class GpuSteps {
   // The fused backward with args' outputs (and db1 into dbias, unless null), over the parts' rows (codes_parts): each
   // part's da made just before its kernel (the whole da given where there is one part), which starts at the part's
   // row of z, dz and dz's codes and at its column of the transposes; the parts' partial rows of db1 side by side,
-  // summed after the last. dy then keeps the layout dW2 reads, and W2's codes go.
+  // summed after the last. dy then keeps the layout dW2 reads, and W2's codes go. `codes_in_z`: dz's codes go into z
+  // itself (args.dz_codes is z), each part's at its rows of the packed codes, which lie in z's rows that earlier parts
+  // have read (a part no larger than those before it, in 16-bit or wider values: its codes end by byte 2·first·n·F);
+  // the first part's aside, copied there once its kernel has read its rows.
   void backward_codes_in_parts(const std::vector<std::pair<std::int64_t, std::int64_t>>& parts, const Tensor<T>& z,
                                Operand& dy, Tensor<T> whole_da, const cuda::ActivationBackwardCodes& args,
-                               void* dbias) const {
+                               bool codes_in_z, void* dbias) const {
     const auto [M, H, F, n] = s_.padded;
     const int width = static_cast<int>(n);
     std::int64_t partials_size = 0;
@@ -386,12 +408,20 @@ template <class T, class P> class GpuSteps {
       cuda::ActivationBackwardCodes part = args;
       part.dz = bytes_after(args.dz, first * n * F * static_cast<std::int64_t>(sizeof(T)));
       part.dz_codes = bytes_after(args.dz_codes, first * n * F);
+      std::shared_ptr<Storage> aside;
+      if (codes_in_z && p == 0) {
+        aside = Storage::allocate(static_cast<std::size_t>(rows * n * F), device_);
+        part.dz_codes = aside->data();
+      }
+      check(!codes_in_z || p == 0 || first + rows <= first * static_cast<std::int64_t>(sizeof(T)), "layernorm_mlp",
+            "internal: dz's codes of rows ", first, " .. ", first + rows, " would overlap the z they are made from");
       part.dz_transposed = bytes_after(args.dz_transposed, first);
       part.a_transposed = bytes_after(args.a_transposed, first);
       part.partials = dbias ? partials.data() + partials_at : nullptr;
       trace("activation backward, da's part");
       cuda::mlp_activation_backward_codes(dtype_v<T>, device_.index, form_, z.data() + first * n * F, da.data(), part,
                                           rows, F);
+      if (aside) copy_bytes(args.dz_codes, device_, aside->data(), device_, aside->bytes());
       partials_at += cuda::mlp_activation_codes_partials(rows, F, width);
     }
     if (dbias) {
@@ -404,16 +434,16 @@ template <class T, class P> class GpuSteps {
   // The parts of rows [first, first + rows) in which the fused backward takes da [M, F] = dy · W2ᵀ, each part's rows
   // whole tiles of 64 of the kernel but the last's (so that each starts on a 16-byte column of the transposes). A part
   // of da is held beside z, a's transposed codes and what every part's product reads (dy's codes along its columns and
-  // W2's codes): 4 bytes an element of z (dz written over z) and those codes in halves, under bf16's z and da (4 bytes)
-  // with a third. So: two parts where each half's product has at least 2^36 multiply-adds (the large blocks, whose
-  // halves are under bf16's peak), three where z is at least twice W1's size (M ≥ 2H: the activations, not the
+  // W2's codes), and with delayed scaling the first part's dz codes: 4 bytes an element of z (dz written over z) and
+  // those codes in quarters, under bf16's z and da (4 bytes). So: four parts where each half's product would have
+  // at least 2^36 multiply-adds (the large blocks) or z is at least twice W1's size (M ≥ 2H: the activations, not the
   // weights, make the step's peak), else one. Smaller products cost more: measured on an H100 by ncu, two halves about
   // 6 % more than one product at (8192, 4096, 16384) (1 % of the step) but 18 % at (4096, 1024, 4096).
   static std::vector<std::pair<std::int64_t, std::int64_t>> codes_parts(std::int64_t M, std::int64_t F,
                                                                         std::int64_t H) {
     constexpr std::int64_t tile = 64;
     const std::int64_t half = (M / 2 + tile - 1) / tile * tile;
-    const std::int64_t count = M < 2 * tile ? 1 : half * F * H >= (std::int64_t{1} << 36) ? 2 : M >= 2 * H ? 3 : 1;
+    const std::int64_t count = M >= 2 * tile && (half * F * H >= (std::int64_t{1} << 36) || M >= 2 * H) ? 4 : 1;
     const std::int64_t rows = (M / count + tile - 1) / tile * tile;
     std::vector<std::pair<std::int64_t, std::int64_t>> parts;
     for (std::int64_t first = 0; first < M; first += rows) parts.emplace_back(first, std::min(rows, M - first));
