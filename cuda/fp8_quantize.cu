@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(over_threads) quantize_over_kernel(const OverJ
 }
 
 // Tiles of codes as quantize_kernel's: each thread's runs of 8 codes of a row (8-byte loads where aligned; zeros past
-// the rows and columns), the tile through shared memory, its columns' runs written as 8 bytes of the transpose.
+// the rows and columns), the tile through shared memory, its columns' runs written as 8 bytes of the transpose. The
+// next tile's runs are loaded before this tile's transpose is written (its loads in flight while the stores go).
 struct TransposeJob {
   const std::uint8_t* codes;
   std::int64_t rows, cols, ld;
@@ -227,29 +228,41 @@ struct TransposeJob {
   std::int64_t transposed_ld;
   bool aligned, transposed_aligned;
 };
+// Tile t's runs (tiles_across tiles to a row of tiles).
+__device__ __forceinline__ void load_code_runs(const TransposeJob& j, std::int64_t t, std::int64_t tiles_across,
+                                               uint2 (&q)[runs_per_thread]) {
+  const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
+#pragma unroll
+  for (int u = 0; u < runs_per_thread; ++u) {
+    const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
+    const std::int64_t r = r0 + i, col = c0 + c;
+    q[u] = make_uint2(0, 0);
+    if (r < j.rows && j.aligned && col + run <= j.cols) {
+      q[u] = *reinterpret_cast<const uint2*>(j.codes + r * j.ld + col);
+    } else if (r < j.rows) {
+      for (int e = 0; e < run && col + e < j.cols; ++e) {
+        const std::uint32_t code = std::uint32_t{j.codes[r * j.ld + col + e]} << (8 * (e % 4));
+        (e < 4 ? q[u].x : q[u].y) |= code;
+      }
+    }
+  }
+}
 __global__ void __launch_bounds__(quantize_threads) transpose_codes_kernel(const TransposeJob j) {
   __shared__ alignas(16) std::uint8_t block[tile][tile + 4];
   wait_for_prior_kernels();
   const std::int64_t tiles_across = (j.cols + tile - 1) / tile;
   const std::int64_t tiles = tiles_across * ((j.transposed_ld + tile - 1) / tile);
+  uint2 q[runs_per_thread];
+  if (blockIdx.x < tiles) load_code_runs(j, blockIdx.x, tiles_across, q);
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
-      const int k = threadIdx.x + u * quantize_threads, i = k / (tile / run), c = k % (tile / run) * run;
-      const std::int64_t r = r0 + i, col = c0 + c;
-      uint2 q = make_uint2(0, 0);
-      if (r < j.rows && j.aligned && col + run <= j.cols) {
-        q = *reinterpret_cast<const uint2*>(j.codes + r * j.ld + col);
-      } else if (r < j.rows) {
-        for (int e = 0; e < run && col + e < j.cols; ++e) {
-          const std::uint32_t code = std::uint32_t{j.codes[r * j.ld + col + e]} << (8 * (e % 4));
-          (e < 4 ? q.x : q.y) |= code;
-        }
-      }
-      store_tile_run(block, i, c, q);
+      const int k = threadIdx.x + u * quantize_threads;
+      store_tile_run(block, k / (tile / run), k % (tile / run) * run, q[u]);
     }
     __syncthreads();
+    if (t + gridDim.x < tiles) load_code_runs(j, t + gridDim.x, tiles_across, q);
     store_transposed(block, r0, c0, j.cols, j.transposed_ld, j.transposed, j.transposed_ld, j.transposed_aligned);
     __syncthreads();  // the tile is read before the next one overwrites it
   }

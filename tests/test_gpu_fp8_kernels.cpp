@@ -338,11 +338,13 @@ TEST_CASE("fp8 codes written over their own values are fp8_quantize's codes, row
 
 TEST_CASE("fp8 codes transposed from codes are the codes moved, zero past the rows") {
   std::mt19937 bits(test::fresh_seed());
-  // (rows, cols, the codes' row stride, the transpose's): aligned and not, whole tiles and ragged edges
+  // (rows, cols, the codes' row stride, the transpose's): aligned and not, whole tiles and ragged edges, and more
+  // tiles than the grid's blocks (each block's next tile loaded while it writes the last)
   for (const auto [rows, cols, ld, transposed_ld] : {std::array<std::int64_t, 4>{64, 64, 64, 64},
                                                      std::array<std::int64_t, 4>{130, 200, 400, 144},
                                                      std::array<std::int64_t, 4>{37, 13, 13, 48},
-                                                     std::array<std::int64_t, 4>{1000, 24, 48, 1008}}) {
+                                                     std::array<std::int64_t, 4>{1000, 24, 48, 1008},
+                                                     std::array<std::int64_t, 4>{8200, 4104, 4104, 8208}}) {
     CAPTURE(rows);
     CAPTURE(cols);
     Tensor<f8e4m3> codes(Shape{rows * ld});
