@@ -202,7 +202,7 @@ TEST_CASE("the GPU dispatch quantizes where the products' saving outgrows the qu
   CHECK(pays_on_gpu(delayed_cached, mlp(512, 2048, 8192)));
   CHECK(predicted_gpu_saving_us(delayed_cached, mlp(512, 2048, 8192)) -
             predicted_gpu_saving_us(delayed, mlp(512, 2048, 8192)) ==
-        doctest::Approx(1.885 * 2 * 2048 * 8192 * 1e-6));
+        doctest::Approx(1.934 * 2 * 2048 * 8192 * 1e-6));
   // The saving grows with the tokens, and each recipe's costs order as its passes: delayed < current < block.
   for (std::int64_t M = 256; M < 65536; M *= 2) {
     CAPTURE(M);
