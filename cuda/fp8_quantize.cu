@@ -366,8 +366,9 @@ void fp8_transpose(const void* codes, std::int64_t rows, std::int64_t cols, std:
                          .aligned = ld % run == 0 && at(codes, 8),
                          .transposed_aligned = transposed_ld % run == 0 && at(transposed, 8)};
   const std::int64_t tiles = ((transposed_ld + tile - 1) / tile) * ((cols + tile - 1) / tile);
-  launch_overlapped(launch, transpose_codes_kernel, launch.blocks_for(tiles * quantize_threads, quantize_threads),
-                    quantize_threads, 0, job);
+  // (the grid the SMs hold at once: each block walks several tiles, its next tile's loads in flight)
+  const std::int64_t blocks = launch.resident_blocks(transpose_codes_kernel, tiles, quantize_threads, 0);
+  launch_overlapped(launch, transpose_codes_kernel, static_cast<int>(blocks), quantize_threads, 0, job);
 }
 
 void fp8_quantize_over(const Fp8QuantizeOver& q, int device) {
