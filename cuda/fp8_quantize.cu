@@ -26,6 +26,8 @@ constexpr int run = 8;  // elements a thread converts together
 constexpr int quantize_threads = 256;
 constexpr int runs_per_tile = tile * tile / run;
 constexpr int runs_per_thread = runs_per_tile / quantize_threads;
+// quantize_kernel's bands of rows of tiles (see corner there).
+constexpr unsigned int band_tiles = 16;
 
 // x's first `head` elements (up to a 16-byte boundary) and its last ones one at a time, the packs of 16 bytes between
 // them whole: a warp's loads are 512 bytes, not 64 (one bf16 each moved a quarter of the memory's bandwidth).
@@ -109,22 +111,34 @@ __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S>
     *j.current.scale_inv = 1.0f / scale;
   }
   const std::int64_t padded_rows = j.transposed ? j.transposed_ld : j.rows;
-  const std::int64_t tiles_across = (j.cols + tile - 1) / tile;
-  const std::int64_t tiles = tiles_across * ((padded_rows + tile - 1) / tile);
-  // Run u of the thread in tile t: its row and column in x, and whether it lies whole inside x (copied ahead).
-  const auto row_of = [&](std::int64_t t, int u) {
-    return t / tiles_across * tile + (threadIdx.x + u * quantize_threads) / (tile / run);
+  const std::int64_t tiles_across = (j.cols + tile - 1) / tile, tiles_down = (padded_rows + tile - 1) / tile;
+  const std::int64_t tiles = tiles_across * tiles_down;
+  // Tile t's first row and column: bands of band_tiles rows of tiles, each taken down its rows first, then across, so
+  // that the tiles in flight write runs of a transpose's rows band_tiles tiles long and read runs of x's rows as many
+  // tiles wide as the band's tiles in flight span (in 32 bits, which hold the tiles' count: fp8_quantize checks it).
+  // Measured on an H100 against rows of tiles: codes and transpose 4 % faster at [8192, 12288] and [8192, 16384],
+  // codes alone 4-6 % slower.
+  const auto corner = [&](std::int64_t t) {
+    const auto across = static_cast<unsigned int>(tiles_across), k = static_cast<unsigned int>(t);
+    const unsigned int band = k / (band_tiles * across), first = band * band_tiles;
+    const unsigned int height = min(static_cast<unsigned int>(tiles_down) - first, band_tiles);
+    const unsigned int in_band = k - band * band_tiles * across;
+    return make_longlong2(std::int64_t{first + in_band % height} * tile, std::int64_t{in_band / height} * tile);
   };
-  const auto column_of = [&](std::int64_t t, int u) {
-    return t % tiles_across * tile + (threadIdx.x + u * quantize_threads) % (tile / run) * run;
+  // Run u of the thread in the tile at `at`: its row and column in x, and whether it lies whole inside x (copied
+  // ahead).
+  const auto row_of = [&](longlong2 at, int u) { return at.x + (threadIdx.x + u * quantize_threads) / (tile / run); };
+  const auto column_of = [&](longlong2 at, int u) {
+    return at.y + (threadIdx.x + u * quantize_threads) % (tile / run) * run;
   };
   const auto whole = [&](std::int64_t r, std::int64_t c) { return j.x_aligned && r < j.x_rows && c + run <= j.x_cols; };
   // Tile t's whole runs into `stage`, as one group of copies (an empty group past the last tile).
   const auto fetch = [&](std::int64_t t, int stage) {
     if (t < tiles) {
+      const longlong2 at = corner(t);
 #pragma unroll
       for (int u = 0; u < runs_per_thread; ++u) {
-        const std::int64_t r = row_of(t, u), c = column_of(t, u);
+        const std::int64_t r = row_of(at, u), c = column_of(at, u);
         if (!whole(r, c)) continue;
         const uint4* from = reinterpret_cast<const uint4*>(j.x + r * j.x_cols + c);
         uint4* to = reinterpret_cast<uint4*>(&staging[stage][u][threadIdx.x]);
@@ -138,12 +152,13 @@ __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S>
   unsigned int m = 0;
   int stage = 0;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, stage = stage + 1 == stages ? 0 : stage + 1) {
-    const std::int64_t r0 = t / tiles_across * tile, c0 = t % tiles_across * tile;
+    const longlong2 at = corner(t);
+    const std::int64_t r0 = at.x, c0 = at.y;
     wait_async_copies<stages - 1>();  // tile t's group has landed
     float v[runs_per_thread][run];
 #pragma unroll
     for (int u = 0; u < runs_per_thread; ++u) {
-      const std::int64_t r = row_of(t, u), c = column_of(t, u);
+      const std::int64_t r = row_of(at, u), c = column_of(at, u);
       if (whole(r, c)) {
         const Run p = staging[stage][u][threadIdx.x];
 #pragma unroll
@@ -310,6 +325,9 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
         "current scaling needs an amax to make the scale from, and where to write it and its inverse");
   const std::int64_t padded_rows = q.transposed ? transposed_ld : rows;
   if ((padded_rows == 0 || cols == 0) && !q.current) return;
+  const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
+  check(tiles + band_tiles * ((cols + tile - 1) / tile) < (std::int64_t{1} << 32), "fp8_quantize", "codes [",
+        padded_rows, ", ", cols, "] have more tiles of ", tile, " x ", tile, " than the kernel counts in 32 bits");
   const Launch launch(device);
   const auto at = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
   dispatch_quantized(q.dtype, "fp8_quantize", [&](auto tag) {
@@ -329,7 +347,6 @@ void fp8_quantize(const Fp8Quantize& q, int device) {
                      .x_aligned = q.cols % run == 0 && at(q.x, 16),
                      .codes_aligned = cols % run == 0 && at(q.codes, 8),
                      .transposed_aligned = transposed_ld % run == 0 && at(q.transposed, 8)};
-    const std::int64_t tiles = ((padded_rows + tile - 1) / tile) * ((cols + tile - 1) / tile);
     const auto run_kernel = [&](auto kernel) {
       const std::int64_t blocks = launch.resident_blocks(kernel, tiles, quantize_threads, 0);
       launch_overlapped(launch, kernel, static_cast<int>(blocks), quantize_threads, 0, job);
