@@ -125,6 +125,21 @@ TEST_CASE_TEMPLATE("an operand used twice accumulates its gradients on the GPU",
                        {{{77}}, {{77}}}, tol, 4);
 }
 
+TEST_CASE_TEMPLATE("an add's operands made by ops share its gradient, and every gradient is still right", T,
+                   TAPEGRAD_GPU_DTYPES) {
+  // y + square(y) hands dy itself to y and to square(y), which adds its own into y's (a copy on write); y = a + b
+  // hands y's gradient to a and b, whose nodes read it as their dy.
+  Tolerance tol = tolerance<T>();
+  if constexpr (is_half_precision_v<T>) tol.rtol *= 2;
+  const auto residuals = [](const auto& v) {
+    const auto a = eval(tanh(v[0]) * v[1]);
+    const auto b = eval(v[0] * 0.5);
+    const auto y = eval(a + b);
+    return eval(y + eval(square(y)));
+  };
+  check_against_cpu<T>("residual adds", residuals, {{{1001}}, {{1001}}}, tol, 5);
+}
+
 TEST_CASE("operands without a gradient are left alone; constants need none") {
   Var<float> x = param(randn<float>({9}, 1).to(test::gpu));
   Var<float> c = constant(randn<float>({9}, 2).to(test::gpu));

@@ -474,8 +474,10 @@ template <class E> class ExpressionNode final : public Node {
 };
 
 // The GPU's node: backward compiles every needed leaf gradient into ONE program (inputs: the leaves and dy) and runs
-// it; a broadcast leaf's gradient is written at the output's size in the compute type and summed down to its shape,
-// or, where it is dy itself (a leaf added), dy is summed down directly (cuda::sum: f32 sums for 16-bit types).
+// it; a broadcast leaf's gradient is written at the output's size in the compute type and summed down to its shape.
+// Where a leaf's gradient is dy itself (a leaf added), it is dy summed down directly (cuda::sum: f32 sums for 16-bit
+// types), or at full size for a variable an op made, dy shared (gradients may share memory: add_to copies on write):
+// a residual's add writes nothing. (A parameter's gradient, which the user holds, stays a tensor of its own.)
 template <class E> class GpuExpressionNode final : public Node {
   using T = typename E::element_type;
   using C = compute_t<T>;
@@ -504,8 +506,8 @@ template <class E> class GpuExpressionNode final : public Node {
     for (std::size_t k = 0; k < terms.size(); ++k) {
       if (!terms[k]) continue;
       const bool full = shapes[k] == output_;
-      if (!full && is_dy(*terms[k])) {  // (a bias added: dy summed down in one pass, nothing written at full size)
-        grads[k] = sum_to(dy, shapes[k]);
+      if (is_dy(*terms[k]) && !(full && inputs[k]->is_leaf())) {
+        grads[k] = full ? dy : sum_to(dy, shapes[k]);
         continue;
       }
       if (full) {
