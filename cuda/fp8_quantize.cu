@@ -117,12 +117,13 @@ __global__ void __launch_bounds__(quantize_threads) quantize_kernel(const Job<S>
   // that the tiles in flight write runs of a transpose's rows band_tiles tiles long and read runs of x's rows as many
   // tiles wide as the band's tiles in flight span (in 32 bits, which hold the tiles' count: fp8_quantize checks it).
   // Measured on an H100 against rows of tiles: codes and transpose 4 % faster at [8192, 12288] and [8192, 16384],
-  // codes alone 4-6 % slower.
+  // codes alone 4-6 % slower: without a transpose the bands are one row of tiles (rows of tiles, in order).
+  const unsigned int band_rows = j.transposed ? band_tiles : 1u;
   const auto corner = [&](std::int64_t t) {
     const auto across = static_cast<unsigned int>(tiles_across), k = static_cast<unsigned int>(t);
-    const unsigned int band = k / (band_tiles * across), first = band * band_tiles;
-    const unsigned int height = min(static_cast<unsigned int>(tiles_down) - first, band_tiles);
-    const unsigned int in_band = k - band * band_tiles * across;
+    const unsigned int band = k / (band_rows * across), first = band * band_rows;
+    const unsigned int height = min(static_cast<unsigned int>(tiles_down) - first, band_rows);
+    const unsigned int in_band = k - band * band_rows * across;
     return make_longlong2(std::int64_t{first + in_band % height} * tile, std::int64_t{in_band / height} * tile);
   };
   // Run u of the thread in the tile at `at`: its row and column in x, and whether it lies whole inside x (copied
