@@ -489,8 +489,10 @@ TEST_CASE("the fused backward's codes of dz and a are fp8_quantize's codes of th
                                 Activation::clamped_swiglu}) {
     const ActivationForm form = detail::mlp::activation_form({.activation = activation});
     const std::int64_t width = activation_width(activation);
-    // 45 rows: a transpose padded to 48, tiles cut short; 272 rows, F 144: several tiles and chunks each way.
-    for (const auto& [rows, F] : {std::pair<std::int64_t, std::int64_t>{45, 144}, {272, 80}, {0, 16}}) {
+    // 45 rows: a transpose padded to 48, tiles cut short; 272 rows, F 80: several tiles and chunks each way; 2568
+    // rows, F 4096: chunks of two tiles, the last tile cut short.
+    for (const auto& [rows, F] :
+         {std::pair<std::int64_t, std::int64_t>{45, 144}, {272, 80}, {2568, 4096}, {0, 16}}) {
       for (const DType dz_format : {DType::f8e5m2, DType::f8e4m3}) {
         for (const bool every_layout : {true, false}) {  // false: dz's codes alone, no transposes
           CAPTURE(rows);
