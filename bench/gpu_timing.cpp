@@ -2,6 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "tapegrad/autodiff/tape.hpp"
 #include "tapegrad/tensor/core/error.hpp"
 #include "tapegrad/tensor/gpu/detail/check.cuh"
@@ -20,6 +23,19 @@ std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, 
     TAPEGRAD_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
     return static_cast<double>(tapegrad::cuda::elapsed_ms(start, stop)) * 1e6;
   });
+}
+
+Timing host_queue_time(const std::function<void()>& run, int reps, int device) {
+  std::vector<double> ns;
+  for (int r = 0; r < reps; ++r) {
+    tapegrad::cuda::synchronize(device);
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  }
+  tapegrad::cuda::synchronize(device);
+  std::sort(ns.begin(), ns.end());
+  return {ns[ns.size() / 2], ns.front(), reps};
 }
 
 double peak_extra_mib(const std::function<void()>& run, int device) {
