@@ -169,6 +169,8 @@ void validate(const GemmArgs& g) {
         "ldc that is a multiple of 8: the ", describe(g));
   check(!g.bias_gradient || g.dgelu_input, "gemm", "a bias gradient comes only with the GELU-derivative epilogue: the ",
         describe(g));
+  check(!g.addend || !writes_codes(g), "gemm", "an addend takes the place of C, which fp8 codes as C leave unread: the ",
+        describe(g));
 }
 
 // The batch stride cuBLASLt sees: none for a single product.
@@ -298,7 +300,7 @@ struct AlgoKey {
   Fp8Scaling a_scaling, b_scaling;
   std::uint32_t epilogue;
   std::int64_t M, N, K, batch, lda, ldb, ldc, stride_a, stride_b, stride_c;
-  std::uint32_t align_a, align_b, align_c, align_bias, align_aux;
+  std::uint32_t align_a, align_b, align_c, align_addend, align_bias, align_aux;
   auto operator<=>(const AlgoKey&) const = default;
 };
 
@@ -331,6 +333,7 @@ AlgoKey key_of(const GemmArgs& g, int device, bool tf32, bool tuned) {
           alignment(g.a.data, sa, a_dtype(g)),
           alignment(g.b.data, sb, b_dtype(g)),
           alignment(g.c.data, sc, output_dtype(g)),
+          alignment(g.addend ? g.addend : g.c.data, sc, output_dtype(g)),
           alignment(g.bias ? g.bias : g.bias_gradient, 0, output_dtype(g)),
           alignment(g.gelu_input ? g.gelu_input : g.dgelu_input, 0, output_dtype(g))};
 }
@@ -349,6 +352,7 @@ struct Scalars {
       : f64{g.alpha, beta}, f32{static_cast<float>(g.alpha), static_cast<float>(beta)}, wide(g.dtype == DType::f64) {}
   const void* alpha() const { return wide ? static_cast<const void*>(&f64[0]) : &f32[0]; }
   const void* beta() const { return wide ? static_cast<const void*>(&f64[1]) : &f32[1]; }
+  bool reads_c() const { return f64[1] != 0.0; }
 };
 
 // cuBLASLt's C: our C, or, where C is written as codes, the values layout at the epilogue's input (beta 0).
@@ -356,12 +360,12 @@ cublasLtMatrixLayoutOpaque_t* c_layout(Problem& p, const GemmArgs& g) {
   return writes_codes(g) ? &p.values : &p.out;
 }
 
-// D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, D at `out` (and C, unless written as codes);
-// the status, unchecked.
+// D = alpha · op(A) · op(B) + beta · C (+ bias) with the given algorithm, D at `out` (and C too, unless written as
+// codes or read from an addend); the status, unchecked.
 cublasStatus_t run_matmul(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Scalars& scalars,
                           const cublasLtMatmulAlgo_t& algo, void* out, const Scratch& workspace,
                           cudaStream_t stream) {
-  const void* c = writes_codes(g) ? g.gelu_input : out;
+  const void* c = writes_codes(g) ? g.gelu_input : g.addend && scalars.reads_c() ? g.addend : out;
   return cublasLtMatmul(handle, &p.matmul, scalars.alpha(), g.b.data, &p.first, g.a.data, &p.second, scalars.beta(),
                         c, c_layout(p, g), out, &p.out, &algo, workspace.data(), workspace.bytes(), stream);
 }
@@ -379,7 +383,7 @@ Candidates candidates(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, co
       static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE), g);
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b, g);  // cuBLASLt's A is our B
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, g);
-  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, writes_codes(g) ? key.align_aux : key.align_c, g);
+  set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, writes_codes(g) ? key.align_aux : key.align_addend, g);
   set(&preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, g);
   cublasLtMatmulHeuristicResult_t results[tuning_candidates] = {};
   int found = 0;
@@ -498,18 +502,19 @@ Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Alg
   return cache.try_emplace(key, chosen).first->second;
 }
 
-// C_i = beta · C_i + bias for every entry: the product over an empty K. beta == 0 does not read C. With gelu_input
+// C_i = beta · C_i (or the addend's) + bias for every entry: the product over an empty K. beta == 0 does not read C. With gelu_input
 // (one entry): the sum there, and its GELU in C, as the epilogue does. (With dgelu_input, beta is 0 and there is no
 // bias: C = 0 · GELU' = 0.)
 template <class S>
-__global__ void empty_product_kernel(S* c, std::int64_t total, std::int64_t M, std::int64_t N, std::int64_t ld,
-                                     std::int64_t batch_stride, compute_of<S> beta, const S* bias, S* gelu_input) {
+__global__ void empty_product_kernel(S* c, const S* c_in, std::int64_t total, std::int64_t M, std::int64_t N,
+                                     std::int64_t ld, std::int64_t batch_stride, compute_of<S> beta, const S* bias,
+                                     S* gelu_input) {
   using C = compute_of<S>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t col = i % N, row = i / N;  // row counts over all entries' rows
     const std::int64_t at = (row / M) * batch_stride + (row % M) * ld + col;
-    C v = beta == C(0) ? C(0) : beta * to_compute<C>(c[at]);
+    C v = beta == C(0) ? C(0) : beta * to_compute<C>(c_in[at]);
     if (bias != nullptr) v += to_compute<C>(bias[col]);
     if (gelu_input != nullptr) {
       gelu_input[at] = from_compute<S>(v);
@@ -532,7 +537,8 @@ void empty_product(const GemmArgs& g, const Launch& launch) {
     constexpr int threads = 256;
     const std::int64_t total = g.batch * g.M * g.N;
     empty_product_kernel<S><<<launch.blocks_for(total, threads), threads, 0, launch.stream()>>>(
-        static_cast<S*>(g.c.data), total, g.M, g.N, g.c.ld, g.c.batch_stride, static_cast<compute_of<S>>(g.beta),
+        static_cast<S*>(g.c.data), static_cast<const S*>(g.addend ? g.addend : g.c.data), total, g.M, g.N, g.c.ld,
+        g.c.batch_stride, static_cast<compute_of<S>>(g.beta),
         static_cast<const S*>(g.bias), static_cast<S*>(g.gelu_input));
     TAPEGRAD_CUDA_CHECK_LAUNCH();
   });

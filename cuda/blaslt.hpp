@@ -88,6 +88,9 @@ struct GemmArgs {
   GemmOperand a = {}, b = {};
   GemmOutput c = {};
   double alpha = 1.0, beta = 0.0;
+  // Optional: beta · addend (as C: C's dtype, rows c.ld apart, matrices c.batch_stride apart) in place of beta · C_i,
+  // C then written without being read: e.g. a residual added in the product's epilogue without copying it into C.
+  const void* addend = nullptr;
   // Optional: N values added to every row of every C_i (cuBLASLt's bias epilogue), in C's dtype.
   const void* bias = nullptr;
   // Optional, with a bias and one product (batch 1) of bf16, f16 or f32: cuBLASLt's GELU_AUX_BIAS epilogue. The sum

@@ -7,7 +7,7 @@
 //
 // Backward: the rows are cut into chunks whose size depends only on the number of rows (chunk_rows); block b of
 // the one backward kernel takes chunk b.
-//   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)).
+//   Phase 1, a row group per row: dx̂ = dy·g, dx = rstd·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂)) (+ the caller's addend).
 //   Phase 2, per column: thread t owns the packs t, t + blockDim, ... of the columns, adds dy·x̂ and dy (and the
 //   caller's other rows, NormBackwardArgs::other) over the chunk's rows in row order in registers, and writes them
 //   to the block's partial rows.
@@ -112,8 +112,9 @@ template <class S> struct BackwardParams {
   const S* x;
   const S* gamma;
   const S* dy;
-  const S* other;  // rows whose columns are summed too, or null
-  const C* mean;   // layernorm only
+  const S* other;      // rows whose columns are summed too, or null
+  const S* dx_addend;  // rows added to dx, or null
+  const C* mean;       // layernorm only
   const C* rstd;
   S* dx;               // each of dx and the partials: null when not wanted
   C* dgamma_partials;  // [chunks, hidden]
@@ -182,8 +183,10 @@ __global__ void __launch_bounds__(Config::block_threads) norm_backward_kernel(Ba
       Config::for_each_pack(p.ld, [&](std::int64_t q) {
         C xhat[V], dxhat[V];
         xhat_dxhat(q, xhat, dxhat);
+        C added[V] = {};
+        if (p.dx_addend) m.load(p.dx_addend + r * p.ld, q, added);
         for (int k = 0; k < V; ++k) {
-          dxhat[k] = m.in_row(q, k) ? rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat) : C(0);
+          dxhat[k] = m.in_row(q, k) ? rstd * (dxhat[k] - mean_dxhat - xhat[k] * mean_dxhat_xhat) + added[k] : C(0);
         }
         rows::store(p.dx + r * p.ld, q, dxhat);
       });
@@ -426,16 +429,19 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
   if (p.amax_bits) merge_amax(amax, p.amax_bits);  // (the same for every thread of the block)
 }
 
-// The rows' x and dy (and other) are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the
-// one being worked on: the loads of the next rows stay in flight through this row's reductions and stores, without
+// The rows' x and dy (and a third input: other, or the dx addend, which layernorm_mlp's residual makes the same rows)
+// are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the one being worked on: the loads of the next rows stay in flight through this row's reductions and stores, without
 // holding registers (a 16-bit row of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency:
 // bf16 reached 75 % of the card's copy). Each thread copies and reads back only its own packs: no barrier guards the
 // stages. Up to 16 values per thread (two packs of 16-bit types, four of f32) fit 2 blocks per SM; more take one.
 template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
-constexpr int max_staged_inputs = 3;  // x, dy, other
-// The inputs staged per row: x and dy, and the other rows where their columns are summed.
+constexpr int max_staged_inputs = 3;  // x, dy, the third
+// The third input staged per row: the other rows where their columns are summed, else the dx addend, or none.
+template <class S> __host__ __device__ const S* staged_third(const BackwardParams<S>& p) {
+  return p.other_partials ? p.other : p.dx_addend;
+}
 template <class S> __host__ __device__ int staged_inputs(const BackwardParams<S>& p) {
-  return p.other_partials ? 3 : 2;
+  return staged_third(p) ? 3 : 2;
 }
 template <int P> constexpr std::size_t staging_bytes(int inputs) {
   return std::size_t{staged_rows<P>} * static_cast<std::size_t>(inputs) * P * cached_threads * 16;
@@ -450,7 +456,9 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
   const rows::RowExtent<V, Padded> m{p.hidden};
   using Raw = Pack<S, V>;
   const int inputs = staged_inputs(p);
-  extern __shared__ uint4 staging[];  // [stage][x, dy, other][pack i][thread], 16 bytes each
+  const S* const third = staged_third(p);
+  const bool third_added = p.dx_addend && p.dx_addend == third;  // else the addend is read when dx is written
+  extern __shared__ uint4 staging[];  // [stage][x, dy, third][pack i][thread], 16 bytes each
   const auto slot = [&](int stage, int input, int i) -> Raw* {
     return reinterpret_cast<Raw*>(&staging[((stage * inputs + input) * P + i) * cached_threads + threadIdx.x]);
   };
@@ -466,7 +474,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         if (const std::int64_t q = cached_pack(i, packs); q >= 0) {
           copy_16_async(slot(stage, 0, i), p.x + r * p.ld + q * V);
           copy_16_async(slot(stage, 1, i), p.dy + r * p.ld + q * V);
-          if (p.other_partials) copy_16_async(slot(stage, 2, i), p.other + r * p.ld + q * V);
+          if (third) copy_16_async(slot(stage, 2, i), third + r * p.ld + q * V);
         }
       }
     }
@@ -478,7 +486,7 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
     const int stage = static_cast<int>((r - first) % stages);
     const C mean = p.centered ? p.mean[r] : C(0), rstd = p.rstd[r];
     wait_async_copies<stages - 1>();  // row r's group has landed
-    C xhat[P][V] = {}, dy[P][V] = {};  // 0 past the row's end: they add nothing below
+    C xhat[P][V] = {}, dy[P][V] = {}, added[P][V] = {};  // 0 past the row's end: they add nothing below
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const std::int64_t q = cached_pack(i, packs);
@@ -489,10 +497,15 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         xhat[i][k] = (to_compute<C>(x_pack.v[k]) - mean) * rstd;
         dy[i][k] = to_compute<C>(dy_pack.v[k]);
       }
-      if (p.other_partials) {
-        const Raw other_pack = *slot(stage, 2, i);
-        for (int k = 0; k < V; ++k) other[i][k] += to_compute<C>(other_pack.v[k]);  // past hidden: never stored
+      if (third) {
+        const Raw third_pack = *slot(stage, 2, i);
+        for (int k = 0; k < V; ++k) {
+          const C v = to_compute<C>(third_pack.v[k]);
+          if (p.other_partials) other[i][k] += v;  // past hidden: never stored
+          if (third_added) added[i][k] = v;
+        }
       }
+      if (p.dx_addend && !third_added) m.load(p.dx_addend + r * p.ld, q, added[i]);
     }
     fetch(r + stages, stage);  // the stage is read: refill it
 #pragma unroll
@@ -524,7 +537,8 @@ __global__ void __launch_bounds__(cached_threads, P * rows::wide_pack<S> <= 16 ?
         const std::int64_t q = cached_pack(i, packs);
         if (q < 0) continue;
         for (int k = 0; k < V; ++k) {
-          dy[i][k] = m.in_row(q, k) ? rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat) : C(0);
+          dy[i][k] = m.in_row(q, k) ? rstd * (dy[i][k] - mean_dxhat - xhat[i][k] * mean_dxhat_xhat) + added[i][k]
+                                    : C(0);
         }
         rows::store(p.dx + r * p.ld, q, dy[i]);
       }
@@ -646,6 +660,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 static_cast<const S*>(args.gamma),
                                 static_cast<const S*>(args.dy),
                                 static_cast<const S*>(args.other),
+                                static_cast<const S*>(args.dx_addend),
                                 static_cast<const C*>(args.mean),
                                 static_cast<const C*>(args.rstd),
                                 static_cast<S*>(args.dx),
@@ -659,7 +674,7 @@ void norm_backward(const NormProblem& problem, const NormBackwardArgs& args, int
                                 problem.centered,
                                 problem.zero_centered_gamma ? C(1) : C(0),
                                 aligned_16(args.partials)};
-      const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx, args.other});
+      const bool wide = rows::packs_fit<S>(ld, {args.x, args.gamma, args.dy, args.dx, args.other, args.dx_addend});
       rows::dispatch_padded(ld != problem.hidden, [&](auto padded) {
         const bool cached = dispatch_cached<S>(ld, wide, [&](auto packs_per_thread) {
           constexpr int P = packs_per_thread();

@@ -57,6 +57,9 @@ struct NormBackwardArgs {
   // sum its own pass and launches.
   const void* other = nullptr;
   void* other_sums = nullptr;
+  // Optional, with dx: rows (ld apart, as dy's) added to dx before its rounding, e.g. a residual's gradient
+  // (layernorm_mlp's dy, where it is `other` too: then read once).
+  const void* dx_addend = nullptr;
   void* partials = nullptr;  // scratch: norm_backward_partials(problem, args) elements of C
   bool wide_parameter_grads = false;  // dgamma, dbeta, other_sums in C (summed in C, rounded once) instead of dtype
 };

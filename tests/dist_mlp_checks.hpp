@@ -123,7 +123,8 @@ template <class T> void check_sharded_node(const dist::Communicator& world, cons
 }
 
 // Calls check_sharded_node for both norms × gelu and swiglu × biases × recompute policies × returning h, tensor
-// parallel and sequence parallel.
+// parallel and sequence parallel; half of them with the residual (rank 0's under tensor parallelism, each rank's rows
+// under sequence parallelism), with and without biases.
 template <class T> void check_sharded_cases(const dist::Communicator& world, std::uint64_t seed, Device device,
                                            test::Tolerance tol) {
   for (bool sequence : {false, true}) {
@@ -133,7 +134,7 @@ template <class T> void check_sharded_cases(const dist::Communicator& world, std
           for (Recompute policy : all_policies) {
             for (bool return_h : {false, true}) {
               const Case c{.options = {.norm = norm, .activation = act, .return_layernorm_output = return_h,
-                                       .recompute = policy},
+                                       .residual = return_h != biases, .recompute = policy},
                            .biases = biases};
               const std::string what = describe(c) + (sequence ? ", sequence parallel" : ", tensor parallel");
               CAPTURE(what);

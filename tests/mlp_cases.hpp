@@ -106,10 +106,12 @@ inline std::string describe(const Case& c) {
   const auto& o = c.options;
   return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +
          (o.zero_centered_gamma ? " zero-centered" : "") + (c.biases ? " biases" : " no biases") + " " +
-         std::string(recompute_name(o.recompute)) + (o.return_layernorm_output ? " returning h" : "");
+         std::string(recompute_name(o.recompute)) + (o.return_layernorm_output ? " returning h" : "") +
+         (o.residual ? " residual" : "");
 }
 
-// Calls body(case) for every activation × norm × zero-centered γ × biases × recompute policy.
+// Calls body(case) for every activation × norm × zero-centered γ × biases × recompute policy; half of them with the
+// residual (with and without biases, in every policy).
 template <class Body> void for_each_case(Body body) {
   for (Activation act : all_activations) {
     for (NormType norm : {NormType::layernorm, NormType::rmsnorm}) {
@@ -117,7 +119,7 @@ template <class Body> void for_each_case(Body body) {
         for (bool biases : {true, false}) {
           for (Recompute policy : all_policies) {
             Case c{.options = {.norm = norm, .zero_centered_gamma = zero_centered, .activation = act,
-                               .recompute = policy},
+                               .residual = biases != zero_centered, .recompute = policy},
                    .biases = biases};
             const std::string what = describe(c);
             CAPTURE(what);

@@ -48,6 +48,7 @@ std::string describe(const Case& c) {
   return std::string(activation_name(o.activation)) + (o.norm == NormType::rmsnorm ? " rmsnorm" : " layernorm") +
          (c.biases ? " with biases" : " without biases") + " " + std::string(recompute_name(o.recompute)) +
          (o.return_layernorm_output ? " returning h" : "") + (o.zero_centered_gamma ? " zero-centered" : "") +
+         (o.residual ? " residual" : "") +
          " x " + c.x.str() + " ffn " + std::to_string(c.ffn);
 }
 
@@ -188,10 +189,11 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU for every activatio
           // Alternate the hidden size, the leading dims and the options so that each appears with every
           // activation and policy.
           const bool odd = (seed % 2) == 1;
-          const Case c{.options = options_for(act, norm, recompute, odd, !odd),
-                       .biases = biases,
-                       .x = odd ? Shape{5, 13} : Shape{2, 3, 24},
-                       .ffn = odd ? 37 : 40};
+          Case c{.options = options_for(act, norm, recompute, odd, !odd),
+                 .biases = biases,
+                 .x = odd ? Shape{5, 13} : Shape{2, 3, 24},
+                 .ffn = odd ? 37 : 40};
+          c.options.residual = seed % 3 == 0;
           check_case<T>(c, seed++);
         }
       }
@@ -210,6 +212,19 @@ TEST_CASE_TEMPLATE("layernorm_mlp on the GPU matches the CPU on a larger block",
                  .x = Shape{96, 128},
                  .ffn = 2312};
     check_case<T>(c, 250, true);
+  }
+}
+
+// Rows of 1536: the norm's backward in its block-per-row kernel, which stages dy for db2 and reads it again as the
+// residual's gradient (with biases), or stages it for the residual alone (without).
+TEST_CASE_TEMPLATE("layernorm_mlp on the GPU with the residual matches the CPU on long rows", T, TAPEGRAD_GPU_DTYPES) {
+  for (bool biases : {true, false}) {
+    Case c{.options = options_for(Activation::gelu, NormType::layernorm, Recompute::save_all, false, false),
+           .biases = biases,
+           .x = Shape{48, 1536},
+           .ffn = 64};
+    c.options.residual = true;
+    check_case<T>(c, 260, true);
   }
 }
 

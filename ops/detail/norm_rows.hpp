@@ -90,8 +90,9 @@ template <class T> struct NormRows {
     });
   }
 
-  // Row r of the backward: adds dy·x̂ into dgamma and dy into dbeta, and writes dx; each only when not null.
-  void backward_row(std::int64_t r, const T* dy, T* dx, C* dgamma, C* dbeta) const {
+  // Row r of the backward: adds dy·x̂ into dgamma and dy into dbeta, and writes dx (+ the row of dx_addend, before
+  // the rounding); each only when not null.
+  void backward_row(std::int64_t r, const T* dy, T* dx, C* dgamma, C* dbeta, const T* dx_addend = nullptr) const {
     const std::int64_t H = hidden;
     const C m = mean_of(r), rs = rstd[r];
     C sum_dxhat = 0, sum_dxhat_xhat = 0;
@@ -108,7 +109,8 @@ template <class T> struct NormRows {
     const C mean_dxhat_xhat = sum_dxhat_xhat / static_cast<C>(H);
     for (std::int64_t j = 0; j < H; ++j) {
       const C xhat = (x_at(r, j) - m) * rs;
-      dx[j] = convert<T>(rs * (static_cast<C>(dy[j]) * scale[j] - mean_dxhat - xhat * mean_dxhat_xhat));
+      const C added = dx_addend ? static_cast<C>(dx_addend[j]) : C(0);
+      dx[j] = convert<T>(rs * (static_cast<C>(dy[j]) * scale[j] - mean_dxhat - xhat * mean_dxhat_xhat) + added);
     }
   }
 };
@@ -185,9 +187,10 @@ template <class T> struct NormGrads {
   std::vector<compute_t<T>> dgamma_dbeta;        // [dgamma | dbeta], H each, in C; empty unless either was asked
 };
 
+// dx_addend (rows as dy's, where given) joins dx before its rounding.
 template <class T>
 NormGrads<T> norm_backward(const NormRows<T>& s, const Tensor<T>& dy, bool need_dx, bool need_dgamma,
-                           bool need_dbeta) {
+                           bool need_dbeta, const Tensor<T>* dx_addend = nullptr) {
   using C = compute_t<T>;
   const std::int64_t H = s.hidden;
   NormGrads<T> grads;
@@ -197,7 +200,8 @@ NormGrads<T> norm_backward(const NormRows<T>& s, const Tensor<T>& dy, bool need_
       blocked_row_sum<C>(s.rows, need_params ? 2 * H : 0, 10 * H, [&](std::int64_t begin, std::int64_t end, C* partial) {
         for (std::int64_t r = begin; r < end; ++r) {
           s.backward_row(r, dy.data() + r * H, need_dx ? grads.dx.data() + r * H : nullptr,
-                         need_dgamma ? partial : nullptr, need_dbeta ? partial + H : nullptr);
+                         need_dgamma ? partial : nullptr, need_dbeta ? partial + H : nullptr,
+                         dx_addend ? dx_addend->data() + r * H : nullptr);
         }
       });
   grads.dgamma_dbeta = std::move(totals);

@@ -24,7 +24,7 @@ Tensor<T> device_dense_forward(DeviceDense<T>& s, const Fp8Quantization& q, cons
   const DeviceOperand<T> xq =
       s.quantizer.input(fp8::Role::input, {xp}, {.columns = true, .rows = true}, Pass::first);
   Tensor<T> y(Shape{M, N}, device);
-  s.quantizer.product(xq, s.kernel, Transpose::no, M, N, K, y.data(), bias ? b.data() : nullptr, 0.0, true);
+  s.quantizer.product(xq, s.kernel, Transpose::no, M, N, K, y.data(), bias ? b.data() : nullptr, nullptr, true);
   s.kernel.give_up_transpose();
   s.x = xq.weight_gradient_layout();
   s.quantizer.end_pass();
@@ -55,7 +55,7 @@ DeviceDenseGrads<T, P> device_dense_backward(const DeviceDense<T>& s, const Tens
   Resizes<T> crops;  // dx and dkernel cropped in one launch
   if (need_x) {
     Tensor<T> dx(Shape{M, K}, device);
-    s.quantizer.product(dyq, s.kernel, Transpose::yes, M, K, N, dx.data(), nullptr, 0.0, false);
+    s.quantizer.product(dyq, s.kernel, Transpose::yes, M, K, N, dx.data(), nullptr, nullptr, false);
     g.dx = crops.add(dx, Shape{M, s.K});
   }
   if (need_kernel) g.dkernel = s.quantizer.template weight_gradient<P>(s.x, dyq, Shape{s.K, s.N}, Shape{K, N}, &crops);

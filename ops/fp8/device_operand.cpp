@@ -14,6 +14,7 @@
 #include "tapegrad/cuda/strided_copy.hpp"
 #include "tapegrad/ops/fp8/detail/state_on_device.hpp"
 #include "tapegrad/tensor/factories.hpp"
+#include "tapegrad/tensor/gpu/detail/add.hpp"
 #include "tapegrad/tensor/gpu/detail/fill.hpp"
 
 namespace tapegrad::detail {
@@ -332,7 +333,7 @@ std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8
 
 void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout,
                            std::int64_t M, std::int64_t N, std::int64_t K, DType out_dtype, void* out,
-                           const void* bias, double beta, bool forward, std::int64_t a_first_row) const {
+                           const void* bias, const void* addend, bool forward, std::int64_t a_first_row) const {
   check(a_first_row == 0 || (a_layout == Fp8Layout::codes && a.scaling == cuda::Fp8Scaling::tensor &&
                              a_first_row + M <= a.rows),
         op_, "an fp8 product over rows ", a_first_row, " .. ", a_first_row + M, " of ", a.rows,
@@ -364,15 +365,17 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
   if (rows != M) {
     scratch = bytes(rows * N * static_cast<std::int64_t>(dtype_size(out_dtype)));
     c = scratch->data();
-    if (beta != 0.0) cuda::strided_copy(out_dtype, out, c, {{M, N, N}, {N, 1, 1}}, device_.index);
   }
   // cuBLASLt's FP8 kernels add no f32 bias, nor any with block scaling (cuda/blaslt.hpp): the bias becomes C's
-  // initial rows instead.
-  if (bias && (out_dtype == DType::f32 || tiled) && rows > 0) {
+  // initial rows instead. An addend that C cannot be (C holds the bias, or has more rows) is added after the product.
+  const bool c_holds_bias = bias && (out_dtype == DType::f32 || tiled) && rows > 0;
+  if (c_holds_bias) {
     cuda::strided_copy(out_dtype, bias, c, {{rows, 0, N}, {N, 1, 1}}, device_.index);
     bias = nullptr;
-    beta = 1.0;
   }
+  const void* added_after = nullptr;
+  if (addend && (c_holds_bias || c != out)) std::swap(added_after, addend);
+
   const cuda::GemmFp8 fp8{.a = a.format,
                           .b = b.format,
                           .a_scale_inv = A.scale_inv,
@@ -387,11 +390,13 @@ void DeviceRecipe::product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes
               .a = {A.data, A.ld, 0, false},
               .b = {B.data, B.ld, 0, true},
               .c = {c, N, 0},
-              .beta = beta,
+              .beta = c_holds_bias || addend ? 1.0 : 0.0,
+              .addend = addend,
               .bias = bias,
               .fp8 = &fp8},
              device_.index);
   if (c != out) cuda::strided_copy(out_dtype, c, out, {{M, N, N}, {N, 1, 1}}, device_.index);
+  if (added_after) cuda::add(out_dtype, out, added_after, out, M * N, device_.index);
 }
 
 void DeviceRecipe::gelu_product(const Fp8Codes& a, const Fp8Codes& b, std::int64_t M, std::int64_t N, std::int64_t K,

@@ -66,6 +66,7 @@ LayerNormMLPOutput<T> layernorm_mlp_composite(const Var<T>& x, const Var<T>& gam
   if (biases.b1.defined()) z = (detail::Unfused<T>{z} + detail::Unfused<T>{reshape(biases.b1, {n * F})}).v;
   Var<T> y = matmul(detail::mlp::composite_activation(z, F, options), kernels.w2);
   if (biases.b2.defined()) y = (detail::Unfused<T>{y} + detail::Unfused<T>{biases.b2}).v;
+  if (options.residual) y = (detail::Unfused<T>{y} + detail::Unfused<T>{x}).v;
   return {y, options.return_layernorm_output ? h : Var<T>()};
 }
 

@@ -91,11 +91,15 @@ template <class T> class CpuSteps {
     return input(fp8::Role::activation, {a}, layouts, pass);
   }
 
-  Tensor<T> second_product(const Operand& a) const {
+  // y = a · W2 (+ b2 where this rank adds it) (+ x, with_input).
+  Tensor<T> second_product(const Operand& a, bool with_input) const {
     const auto [M, H, F, n] = s_.dims;
-    const Addend<T> b2 = sharding_.adds_replicated_terms() ? bias_rows(s_.b2) : Addend<T>{};
-    return product(a, s_.w2, Transpose::no, M, H, F, b2);
+    Addend<T> add = sharding_.adds_replicated_terms() ? bias_rows(s_.b2) : Addend<T>{};
+    if (with_input) add.matrix = s_.norm.x.data();
+    return product(a, s_.w2, Transpose::no, M, H, F, add);
   }
+  // y (this rank's rows) += x.
+  void add_input(Tensor<T>& y) const { add_to(y, s_.norm.x.reshape(y.shape())); }
 
   void keep_h(Operand h) { s_.h = std::move(h); }
   void keep_z(const Tensor<T>& z) { s_.z = z; }
@@ -155,9 +159,10 @@ template <class T> class CpuSteps {
   }
   void add_rows(Tensor<T>& dh, const Tensor<T>& dh_out) const { add_to(dh, dh_out.reshape(dh.shape())); }
 
-  NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>*) const {
+  NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>*,
+                             const Tensor<T>* dx_addend) const {
     const std::int64_t H = s_.dims.hidden;
-    NormGrads<T> grads = detail::norm_backward(s_.norm, dh, need.x, need.gamma, need.beta);
+    NormGrads<T> grads = detail::norm_backward(s_.norm, dh, need.x, need.gamma, need.beta, dx_addend);
     const auto part = [&](bool wanted, std::int64_t offset) {
       return wanted ? from_vector(std::vector<C>(grads.dgamma_dbeta.begin() + offset,
                                                  grads.dgamma_dbeta.begin() + offset + H),

@@ -122,7 +122,7 @@ template <class T, class P> class GpuSteps {
     First out{Tensor<T>(Shape{M, n * F}, device_), {}};
     if (gelu_epilogue(h) && !h.quantized()) {
       out.a = Tensor<T>(Shape{M, F}, device_);
-      values_product(h.values, false, s_.w1.values, false, M, F, H, s_.b1.data(), 0.0, out.a.values.data(), false,
+      values_product(h.values, false, s_.w1.values, false, M, F, H, s_.b1.data(), nullptr, out.a.values.data(), false,
                      out.z.data());
       return out;
     }
@@ -130,7 +130,7 @@ template <class T, class P> class GpuSteps {
       s_.quantizer.gelu_product(h, s_.w1, M, F, H, out.z.data(), s_.b1.data(), *a);
       out.a = a->codes;
     } else {
-      s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), 0.0, true);
+      s_.quantizer.product(h, s_.w1, Transpose::no, M, n * F, H, out.z.data(), data_or_null(s_.b1), nullptr, true);
     }
     if (s_.options.recompute != Recompute::recompute_all) s_.w1.give_up_transpose();  // (read here alone)
     return out;
@@ -158,9 +158,10 @@ template <class T, class P> class GpuSteps {
     return input(fp8::Role::activation, {a}, layouts, pass);
   }
 
-  // y (padded, [M, H]) = a · W2 + b2. With fp8, W2 is quantized here, once a is made (its two layouts are not held
-  // beside a's values), and the backward reads its codes, not their transpose.
-  Tensor<T> second_product(const Operand& a) const {
+  // y (padded, [M, H]) = a · W2 + b2 (+ x, with_input, in the product's epilogue). With fp8, W2 is quantized here,
+  // once a is made (its two layouts are not held beside a's values), and the backward reads its codes, not their
+  // transpose.
+  Tensor<T> second_product(const Operand& a, bool with_input) const {
     trace("GEMM2");
     const auto [M, H, F, n] = s_.padded;
     if (!s_.w2.defined()) {
@@ -169,7 +170,7 @@ template <class T, class P> class GpuSteps {
     }
     Tensor<T> y(Shape{M, H}, device_);
     const void* b2 = sharding_.adds_replicated_terms() ? data_or_null(s_.b2) : nullptr;
-    s_.quantizer.product(a, s_.w2, Transpose::no, M, H, F, y.data(), b2, 0.0, true);
+    s_.quantizer.product(a, s_.w2, Transpose::no, M, H, F, y.data(), b2, with_input ? s_.x.data() : nullptr, true);
     s_.w2.give_up_transpose();
     return y;
   }
@@ -188,16 +189,14 @@ template <class T, class P> class GpuSteps {
     return detail::column_sums<P>(dy, s_.dims.hidden, Shape{s_.dims.hidden});
   }
 
-  // dh = dz · W1ᵀ [M, H], padded, into a fresh tensor (the addend's copy where there is one). W1's codes go with it.
+  // dh = dz · W1ᵀ [M, H] (+ the addend), padded. W1's codes go with it.
   Tensor<T> norm_output_gradient(const Operand& dz, const Tensor<T>* addend = nullptr) const {
     trace("dh product");
     const auto [M, H, F, n] = s_.padded;
-    Tensor<T> dh;
-    if (!addend) dh = Tensor<T>(Shape{M, H}, device_);
-    else if (H == s_.dims.hidden) dh = addend->reshape(Shape{M, H}).clone();
-    else dh = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
+    Tensor<T> dh(Shape{M, H}, device_), added;
+    if (addend) added = resized(addend->reshape(Shape{M, s_.dims.hidden}), Shape{M, H});
     const Operand w1 = s_.w1_codes && !s_.w1.codes.codes ? s_.w1_codes() : s_.w1;
-    s_.quantizer.product(dz, w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, addend ? 1.0 : 0.0, false);
+    s_.quantizer.product(dz, w1, Transpose::yes, M, H, n * F, dh.data(), nullptr, data_or_null(added), false);
     give_up_codes(s_.w1);
     return dh;
   }
@@ -314,13 +313,16 @@ template <class T, class P> class GpuSteps {
     dh_on_side_ = true;
     return dh;
   }
+  // y (this rank's rows, padded) += x.
+  void add_input(Tensor<T>& y) const { add_to(y, s_.x); }
   void add_rows(Tensor<T>& dh, const Tensor<T>& dh_out) const {
     add_to(dh, resized(dh_out.reshape(Shape{s_.norm.rows, s_.dims.hidden}), Shape{s_.norm.rows, s_.padded.hidden}));
   }
 
   // dx (padded like x, then cropped) rounds to T once; dγ, dβ and db2 (from dy's rows, where given) are summed in C
   // and rounded once to P.
-  NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>* db2_rows) {
+  NormBackward norm_backward(const Tensor<T>& dh, const Needs& need, const Tensor<T>* db2_rows,
+                             const Tensor<T>* dx_addend) {
     trace("norm backward");
     const std::int64_t rows = s_.norm.rows, H = s_.dims.hidden;
     Tensor<T> dx;
@@ -339,6 +341,7 @@ template <class T, class P> class GpuSteps {
                                 .dbeta = dbeta ? dbeta->data() : nullptr,
                                 .other = db2_rows ? db2_rows->data() : nullptr,
                                 .other_sums = db2 ? db2->data() : nullptr,
+                                .dx_addend = dx_addend ? dx_addend->data() : nullptr,
                                 .wide_parameter_grads = ParamGrad<P, T>::wide};
     Tensor<C> partials(Shape{cuda::norm_backward_partials(s_.norm, args)}, device_);
     args.partials = partials.data();
@@ -378,7 +381,7 @@ template <class T, class P> class GpuSteps {
   Tensor<T> da_rows(Operand& dy, std::int64_t first, std::int64_t rows, bool last) const {
     const auto [M, H, F, n] = s_.padded;
     Tensor<T> da(Shape{rows, F}, device_);
-    s_.quantizer.product(dy, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, 0.0, false, first);
+    s_.quantizer.product(dy, s_.w2, Transpose::yes, rows, F, H, da.data(), nullptr, nullptr, false, first);
     if (last) {
       dy = dy.weight_gradient_layout();
       give_up_codes(s_.w2);

@@ -3,7 +3,7 @@
 //   h = norm(x)                        layernorm (x-μ)·rσ·g + β, or rmsnorm x·rms⁻¹·g; g = γ or 1+γ; stats in f32
 //   z = h · W1 + b1                    W1 [H, n, F], b1 [n, F]; n = 2 for gated activations, else 1
 //   a = act(z[:, 0, :]) (· z[:, 1, :]) gated: index 0 is activated and multiplies index 1
-//   y = a · W2 + b2                    W2 [F, H], b2 [H]
+//   y = a · W2 + b2 (+ x)              W2 [F, H], b2 [H]; x with options.residual
 //
 // x has any leading dims [..., H] and dtype T (the compute dtype); the parameters share one dtype P, which may
 // differ (mixed precision, e.g. f32 master weights with bf16 compute): W1 and W2 are rounded to T for the
@@ -81,6 +81,9 @@ struct LayerNormMLPOptions {
   Activation activation = Activation::gelu;
   ClampedSwigluParams clamped_swiglu{};
   bool return_layernorm_output = false;  // also return h, as a second differentiable result
+  // y = x + the block (a pre-norm transformer's residual) in the node: x joins GEMM2's sum before its rounding to T,
+  // and dy joins dx in the norm's backward, so neither the add nor the residual's gradient takes a pass of its own.
+  bool residual = false;
   Recompute recompute = Recompute::save_all;
   std::optional<Fp8Quantization> fp8{};  // none: the products multiply T values
   std::optional<TensorParallel> tensor_parallel{};  // none: one process holds the whole block

@@ -70,6 +70,7 @@ std::vector<Var<T>> composite_gradients(const LayerNormMLPOptions& options, cons
   } else if (dh.defined() && h.requires_grad()) {
     norm_gradients(dh);
   }
+  if (options.residual && x.requires_grad()) g[0] = g[0].defined() ? (Unfused<T>{g[0]} + Unfused<T>{dy}).v : dy;
   return g;
 }
 

@@ -30,6 +30,7 @@ struct LayerNormMLPConfig {
   Initializer kernel_init = Initializer::lecun_normal();
   Initializer bias_init = Initializer::zeros();
   Recompute recompute = Recompute::save_all;
+  bool residual = false;  // output = x + the block, added in the node (LayerNormMLPOptions::residual)
   std::optional<fp8::Recipe> fp8{};  // none: unquantized products; the module owns delayed scaling's state
   // With fp8: keep the kernels' fp8 copies from forward to forward (micro-batches, ops/fp8/weight_cache.hpp) until
   // the module's parameters_changed().
@@ -93,6 +94,7 @@ class LayerNormMLP : public Module {
                                       .activation = config_.activation,
                                       .clamped_swiglu = config_.clamped_swiglu,
                                       .return_layernorm_output = return_layernorm_output,
+                                      .residual = config_.residual,
                                       .recompute = config_.recompute,
                                       .fp8 = fp8_,
                                       .tensor_parallel = config_.tensor_parallel};

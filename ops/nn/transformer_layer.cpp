@@ -32,6 +32,7 @@ LayerNormMLPConfig mlp_config(const TransformerLayerConfig& config) {
           .kernel_init = config.kernel_init,
           .bias_init = config.bias_init,
           .recompute = config.recompute,
+          .residual = true,  // y + mlp(y) in the node: no pass for the add, none for its gradient
           .fp8 = config.fp8,
           .tensor_parallel = config.tensor_parallel};
 }

@@ -73,7 +73,7 @@ class TransformerLayer : public Module {
         [this, &call](const Var<T>& x) {
           const Var<U> residual = cast<U>(x);
           const Var<U> y = residual + attention_(x, call);
-          const Var<U> out = y + mlp_(y);
+          const Var<U> out = mlp_(y);  // y + the MLP of y: the node adds the residual (mlp_config)
           return output_norm_ ? (*output_norm_)(out) : out;
         },
         x);

@@ -143,12 +143,14 @@ class DeviceRecipe {
   // After each pass (the forward; a backward), on every rank of the amax group together.
   virtual void end_pass() const {}
 
-  // out [M, N] (`out_dtype`: f32, bf16 or f16) = beta · out + A · Bᵀ (+ bias on every row, in out_dtype, unless null)
-  // where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32 (a forward product with fewer
-  // bits between partial sums where the quantization's fast_forward_accumulation asks for it, per-tensor scales only).
-  // A starts at a's row `a_first_row` (a's codes with one scale: a product over some of its rows).
+  // out [M, N] (`out_dtype`: f32, bf16 or f16) = A · Bᵀ (+ bias on every row, in out_dtype, unless null) (+ addend,
+  // [M, N] in out_dtype, unless null) where A [M, K] and B [N, K] are the given layouts of a and b, accumulated in f32
+  // (a forward product with fewer bits between partial sums where the quantization's fast_forward_accumulation asks
+  // for it, per-tensor scales only). A starts at a's row `a_first_row` (a's codes with one scale: a product over some
+  // of its rows). The addend joins the sum before its rounding, but where the bias cannot (block scaling, f32 out):
+  // then it is added to the rounded sum.
   void product(const Fp8Codes& a, Fp8Layout a_layout, const Fp8Codes& b, Fp8Layout b_layout, std::int64_t M,
-               std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, double beta,
+               std::int64_t N, std::int64_t K, DType out_dtype, void* out, const void* bias, const void* addend,
                bool forward, std::int64_t a_first_row = 0) const;
   // A forward product with GELU in its epilogue, written as codes: out's codes [M, N] = fp8(gelu(sum) · scale), the
   // sum = a · bᵀ + bias (read as product() reads a's codes and b's transpose) rounded to `dtype` (bf16 or f16) into
@@ -175,13 +177,13 @@ class DeviceRecipe {
 std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8Quantization& q, Device device,
                                                   std::optional<fp8::AmaxGroup> group = {});
 
-// out [M, N] = op(A) · op(B) + beta·out (+ bias on every row unless null) over values, row-major: A stored [M, K], or
-// [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out and the bias in T, or, wide, in T's compute
-// type (the f32 accumulation of 16-bit products rounded once to f32). With gelu_input, out = GELU of the sum and the
+// out [M, N] = op(A) · op(B) (+ addend, laid out as out; + bias on every row; each unless null) over values,
+// row-major: A stored [M, K], or [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out, the addend
+// and the bias in T, or, wide, in T's compute type (the f32 accumulation of 16-bit products rounded once to f32). With gelu_input, out = GELU of the sum and the
 // sum goes to gelu_input (cuBLASLt's GELU_AUX_BIAS epilogue).
 template <class T>
 void values_product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
-                    std::int64_t N, std::int64_t K, const void* bias, double beta, void* out, bool wide = false,
+                    std::int64_t N, std::int64_t K, const void* bias, const void* addend, void* out, bool wide = false,
                     void* gelu_input = nullptr) {
   cuda::gemm({.dtype = dtype_v<T>,
               .M = M,
@@ -190,7 +192,8 @@ void values_product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bo
               .a = {a.data(), transpose_a ? M : K, 0, transpose_a},
               .b = {b.data(), transpose_b ? K : N, 0, transpose_b},
               .c = {out, N, 0},
-              .beta = beta,
+              .beta = addend ? 1.0 : 0.0,
+              .addend = addend,
               .bias = bias,
               .gelu_input = gelu_input,
               .wide_output = wide},
@@ -297,19 +300,19 @@ template <class T> class DeviceQuantizer {
   // Where the kernel that makes role's tensor merges its amax (DeviceRecipe::amax_target).
   float* amax_target(fp8::Role role, Pass pass) const { return recipe_ ? recipe_->amax_target(role, pass) : nullptr; }
 
-  // out [M, N] = a · op(w) (+ bias) + beta · out, rounded to T: a [M, K] read along its columns (from its row
+  // out [M, N] = a · op(w) (+ bias) (+ addend, [M, N]), rounded to T: a [M, K] read along its columns (from its row
   // first_row: codes with one scale per tensor), the weight w [K, N] (or [N, K] transposed). `forward`: a forward
   // product (fp8's faster accumulation, where asked for).
   void product(const DeviceOperand<T>& a, const DeviceOperand<T>& w, Transpose tw, std::int64_t M, std::int64_t N,
-               std::int64_t K, void* out, const void* bias, double beta, bool forward,
+               std::int64_t K, void* out, const void* bias, const void* addend, bool forward,
                std::int64_t first_row = 0) const {
     if (!a.quantized()) {
       check(first_row == 0, "product", "values are multiplied from their first row, not row ", first_row);
-      values_product(a.values, false, w.values, tw == Transpose::yes, M, N, K, bias, beta, out);
+      values_product(a.values, false, w.values, tw == Transpose::yes, M, N, K, bias, addend, out);
       return;
     }
     recipe_->product(a.codes, Fp8Layout::codes, w.codes, tw == Transpose::no ? Fp8Layout::transposed : Fp8Layout::codes,
-                     M, N, K, dtype_v<T>, out, bias, beta, forward, first_row);
+                     M, N, K, dtype_v<T>, out, bias, addend, forward, first_row);
   }
 
   // z [M, N] = h · w + bias rounded to T and a's codes [M, N] = fp8(gelu(z's sum)) at `a`'s scale, in one product
@@ -329,10 +332,10 @@ template <class T> class DeviceQuantizer {
     constexpr bool wide = ParamGrad<P, T>::wide;
     if (!a.quantized()) {
       const std::int64_t M = a.values.dim(0), k1 = a.values.dim(1), k2 = b.values.dim(1);
-      values_product(a.values, true, b.values, false, k1, k2, M, nullptr, 0.0, out.data(), wide);
+      values_product(a.values, true, b.values, false, k1, k2, M, nullptr, nullptr, out.data(), wide);
     } else {
       recipe_->product(a.codes, Fp8Layout::transposed, b.codes, Fp8Layout::transposed, a.codes.cols, b.codes.cols,
-                       a.codes.transposed_ld, wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, 0.0,
+                       a.codes.transposed_ld, wide ? dtype_v<compute_t<T>> : dtype_v<T>, out.data(), nullptr, nullptr,
                        false);
     }
     return out.result(crops);

@@ -14,7 +14,7 @@
 
 namespace tapegrad::detail {
 
-// What a product adds to op(A) · op(B): nothing, a row [N] to every row (a bias), or a whole [M, N] matrix.
+// What a product adds to op(A) · op(B): nothing, a row [N] to every row (a bias), a whole [M, N] matrix, or both.
 template <class T> struct Addend {
   const T* row = nullptr;
   const T* matrix = nullptr;
@@ -24,15 +24,18 @@ template <class T> struct Addend {
 template <class T> Addend<T> bias_rows(const Tensor<T>& bias) { return {bias.defined() ? bias.data() : nullptr}; }
 
 // out [M, N] = A · op(B) + the addend, accumulated in C and rounded to T once: row-major A [M, K], B [K, N] (or [N, K]
-// transposed). X is T, or C for quantized operands.
+// transposed). X is T, or C for quantized operands (with X = T, a row and a matrix are added in T before the product).
 template <class T, class X>
 Tensor<T> product_of(Transpose tb, std::int64_t M, std::int64_t N, std::int64_t K, const Tensor<X>& a,
                      const Tensor<X>& b, Addend<T> add) {
   Tensor<X> out(Shape{M, N});
   if (add.row || add.matrix) {
     for (std::int64_t r = 0; r < M; ++r) {
-      const T* from = add.row ? add.row : add.matrix + r * N;
-      for (std::int64_t j = 0; j < N; ++j) out.data()[r * N + j] = convert<X>(from[j]);
+      for (std::int64_t j = 0; j < N; ++j) {
+        X v = add.row ? convert<X>(add.row[j]) : X(0);
+        if (add.matrix) v += convert<X>(add.matrix[r * N + j]);
+        out.data()[r * N + j] = v;
+      }
     }
   }
   gemm<X>(Transpose::no, tb, M, N, K, 1, a.data(), K, b.data(), tb == Transpose::no ? N : K,

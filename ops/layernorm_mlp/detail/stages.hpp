@@ -5,9 +5,9 @@
 //   h  = norm(x)          [M, H]   stats    db2 = Σ_rows dy
 //   z  = h · W1 + b1      [M, nF]           da  = dy · W2ᵀ                    [M, F]
 //   a  = act(z)           [M, F]            a, dz = act(z), da · ∂a/∂z        one pass over z; db1 = Σ_rows dz
-//   y  = a · W2 + b2      [M, H]            dW2 = aᵀ · dy,  dW1 = hᵀ · dz
+//   y  = a · W2 + b2 (+x) [M, H]            dW2 = aᵀ · dy,  dW1 = hᵀ · dz
 //                                           dh  = dz · W1ᵀ (+ the gradient of the returned h)
-//                                           dx, dγ, dβ = norm backward of dh
+//                                           dx, dγ, dβ = norm backward of dh (dx + dy with the residual)
 //
 // A backend (Steps: the CPU's detail/cpu_steps.hpp, the GPU's detail/gpu_steps.hpp) supplies the operations on its
 // own tensors; every product reads operands (values in T, or fp8 codes with their scales), which the recipe's policy
@@ -42,9 +42,14 @@ template <class Steps> Forward<typename Steps::Value> forward(Steps& s) {
   if (keep_h) s.keep_h(h.weight_gradient_layout());
   h = {};
   const auto a = s.activation(first, {.columns = true}, Pass::first);
-  const Tensor<T> y = s.second_product(a);
+  // The residual x joins GEMM2's sum where one rank's product holds x's rows: unsharded, or rank 0's under tensor
+  // parallelism (as b2); under sequence parallelism each rank adds its own rows to its rows of the sum.
+  const bool residual = s.options().residual, sequence = sharding.sequence();
+  Tensor<T> y = s.second_product(a, residual && !sequence && sharding.adds_replicated_terms());
   if (policy != Recompute::recompute_all) s.keep_z(first.z);
-  return {sharding.summed(y), h_rows};
+  y = sharding.summed(y);
+  if (residual && sequence) s.add_input(y);
+  return {y, h_rows};
 }
 
 // dy_rows [rows, H] (this rank's rows under sequence parallelism) and, with return_layernorm_output, dh_out: the
@@ -115,7 +120,12 @@ Gradients<typename Steps::Value, typename Steps::Grad> backward(Steps& s, const 
     dh = s.norm_output_gradient(dz, dh_out);
   }
   dz = {};
-  auto norm = s.norm_backward(dh, need, db2_with_norm ? &dy_padded : nullptr);
+  // The residual's gradient dy (this rank's rows) joins dx in the norm's backward.
+  const Tensor<T> dx_addend = !s.options().residual || !need.x ? Tensor<T>()
+                              : sharding.sequence()            ? s.padded(dy_rows)
+                                                               : dy_padded;
+  auto norm = s.norm_backward(dh, need, db2_with_norm ? &dy_padded : nullptr,
+                              dx_addend.defined() ? &dx_addend : nullptr);
   g.dx = std::move(norm.dx);
   if (need.gamma) g.dgamma = sharding.row_sums_over_ranks(norm.dgamma);
   if (need.beta) g.dbeta = sharding.row_sums_over_ranks(norm.dbeta);

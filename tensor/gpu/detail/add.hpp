@@ -1,4 +1,4 @@
-// The sum of two device arrays, for gradient accumulation (tensor/detail/accumulate.hpp). Plain C++ (see
+// The sum of two device arrays, for gradient accumulation (tensor/detail/accumulate.hpp) and an fp8 product's addend. Plain C++ (see
 // tensor/gpu/backend.hpp for how callers reach it).
 #pragma once
 
