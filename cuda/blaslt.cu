@@ -169,8 +169,8 @@ void validate(const GemmArgs& g) {
         "ldc that is a multiple of 8: the ", describe(g));
   check(!g.bias_gradient || g.dgelu_input, "gemm", "a bias gradient comes only with the GELU-derivative epilogue: the ",
         describe(g));
-  check(!g.addend || !writes_codes(g), "gemm", "an addend takes the place of C, which fp8 codes as C leave unread: the ",
-        describe(g));
+  check(!g.addend || !writes_codes(g), "gemm",
+        "an addend takes the place of C, which fp8 codes as C leave unread: the ", describe(g));
 }
 
 // The batch stride cuBLASLt sees: none for a single product.
@@ -502,9 +502,9 @@ Algo algorithm(cublasLtHandle_t handle, Problem& p, const GemmArgs& g, const Alg
   return cache.try_emplace(key, chosen).first->second;
 }
 
-// C_i = beta · C_i (or the addend's) + bias for every entry: the product over an empty K. beta == 0 does not read C. With gelu_input
-// (one entry): the sum there, and its GELU in C, as the epilogue does. (With dgelu_input, beta is 0 and there is no
-// bias: C = 0 · GELU' = 0.)
+// C_i = beta · C_i (or the addend's) + bias for every entry: the product over an empty K. beta == 0 does not read C.
+// With gelu_input (one entry): the sum there, and its GELU in C, as the epilogue does. (With dgelu_input, beta is 0
+// and there is no bias: C = 0 · GELU' = 0.)
 template <class S>
 __global__ void empty_product_kernel(S* c, const S* c_in, std::int64_t total, std::int64_t M, std::int64_t N,
                                      std::int64_t ld, std::int64_t batch_stride, compute_of<S> beta, const S* bias,

@@ -430,9 +430,10 @@ __global__ void __launch_bounds__(cached_threads) norm_forward_cached_kernel(For
 }
 
 // The rows' x and dy (and a third input: other, or the dx addend, which layernorm_mlp's residual makes the same rows)
-// are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the one being worked on: the loads of the next rows stay in flight through this row's reductions and stores, without
-// holding registers (a 16-bit row of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency:
-// bf16 reached 75 % of the card's copy). Each thread copies and reads back only its own packs: no barrier guards the
+// are copied ahead into shared memory with cp.async, `staged_rows` rows ahead of the one being worked on: the loads
+// of the next rows stay in flight through this row's reductions and stores, without holding registers (a 16-bit row
+// of 4096 is only 16 KB of x and dy, so one row ahead did not cover the latency: bf16 reached 75 % of the card's
+// copy). Each thread copies and reads back only its own packs: no barrier guards the
 // stages. Up to 16 values per thread (two packs of 16-bit types, four of f32) fit 2 blocks per SM; more take one.
 template <int P> constexpr int staged_rows = P == 2 ? 3 : 2;
 constexpr int max_staged_inputs = 3;  // x, dy, the third

@@ -179,8 +179,8 @@ std::unique_ptr<const DeviceRecipe> device_recipe(std::string_view op, const Fp8
 
 // out [M, N] = op(A) · op(B) (+ addend, laid out as out; + bias on every row; each unless null) over values,
 // row-major: A stored [M, K], or [K, M] when transposed; B stored [K, N], or [N, K] when transposed. out, the addend
-// and the bias in T, or, wide, in T's compute type (the f32 accumulation of 16-bit products rounded once to f32). With gelu_input, out = GELU of the sum and the
-// sum goes to gelu_input (cuBLASLt's GELU_AUX_BIAS epilogue).
+// and the bias in T, or, wide, in T's compute type (the f32 accumulation of 16-bit products rounded once to f32).
+// With gelu_input, out = GELU of the sum and the sum goes to gelu_input (cuBLASLt's GELU_AUX_BIAS epilogue).
 template <class T>
 void values_product(const Tensor<T>& a, bool transpose_a, const Tensor<T>& b, bool transpose_b, std::int64_t M,
                     std::int64_t N, std::int64_t K, const void* bias, const void* addend, void* out, bool wide = false,

@@ -1,5 +1,5 @@
-// The sum of two device arrays, for gradient accumulation (tensor/detail/accumulate.hpp) and an fp8 product's addend. Plain C++ (see
-// tensor/gpu/backend.hpp for how callers reach it).
+// The sum of two device arrays, for gradient accumulation (tensor/detail/accumulate.hpp) and an fp8 product's
+// addend. Plain C++ (see tensor/gpu/backend.hpp for how callers reach it).
 #pragma once
 
 #include <cstdint>
