@@ -109,8 +109,9 @@ template <class T> struct NormRows {
     const C mean_dxhat_xhat = sum_dxhat_xhat / static_cast<C>(H);
     for (std::int64_t j = 0; j < H; ++j) {
       const C xhat = (x_at(r, j) - m) * rs;
-      const C added = dx_addend ? static_cast<C>(dx_addend[j]) : C(0);
-      dx[j] = convert<T>(rs * (static_cast<C>(dy[j]) * scale[j] - mean_dxhat - xhat * mean_dxhat_xhat) + added);
+      C v = rs * (static_cast<C>(dy[j]) * scale[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      if (dx_addend) v += static_cast<C>(dx_addend[j]);  // (only then: a fused multiply-add would round v otherwise)
+      dx[j] = convert<T>(v);
     }
   }
 };
