@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <chrono>
 
 #include "tapegrad/autodiff/tape.hpp"
@@ -25,17 +24,15 @@ std::vector<Timing> measure_gpu(const std::vector<std::function<void()>>& runs, 
   });
 }
 
-Timing host_queue_time(const std::function<void()>& run, int reps, int device) {
-  std::vector<double> ns;
-  for (int r = 0; r < reps; ++r) {
+Timing host_queue_time(const std::function<void()>& run, int device) {
+  const Timing t = repeat(1, [&](std::size_t) {
     tapegrad::cuda::synchronize(device);
     const auto start = std::chrono::steady_clock::now();
     run();
-    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
-  }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  })[0];
   tapegrad::cuda::synchronize(device);
-  std::sort(ns.begin(), ns.end());
-  return {ns[ns.size() / 2], ns.front(), reps};
+  return t;
 }
 
 double peak_extra_mib(const std::function<void()>& run, int device) {

@@ -18,9 +18,9 @@ inline Timing measure_gpu(const std::function<void()>& run, int device = 0) {
   return measure_gpu(std::vector<std::function<void()>>{run}, device)[0];
 }
 
-// The host's time to queue one `run` on an idle device (median of `reps`, each after the device has finished): a
-// step whose host time exceeds its device time leaves the GPU waiting for launches.
-Timing host_queue_time(const std::function<void()>& run, int reps = 15, int device = 0);
+// The host's time to queue one `run` on an idle device (each repetition after the device has finished; bench.hpp's
+// budget and median): a step whose host time exceeds its device time leaves the GPU waiting for launches.
+Timing host_queue_time(const std::function<void()>& run, int device = 0);
 
 // The peak extra device memory of one more `run`, in MiB: the most tapegrad held during it beyond what it held
 // before (inputs and parameters), as the peers' peak_extra_mib. Run it after the timed repetitions, which leave the
